@@ -1,0 +1,18 @@
+from pathlib import Path
+
+from setuptools import setup
+
+# One version for every lltm distribution: the repository's VERSION file.
+version = (Path(__file__).resolve().parents[2] / "VERSION").read_text().strip()
+
+setup(
+    name="lltm-ref",
+    version=version,
+    description="Reference (pure PyTorch) backend for lltm-core",
+    packages=["lltm_ref"],
+    python_requires=">=3.9",
+    # No dependency on lltm-core: lltm-core depends on lltm-ref (it is the
+    # fallback every install gets), and the reverse edge would be a cycle.
+    install_requires=["torch>=2.4"],
+    entry_points={"lltm.backends": ["ref = lltm_ref:load_backend"]},
+)

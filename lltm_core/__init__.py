@@ -1,0 +1,133 @@
+"""lltm-core: the LLTM recurrent cell with interchangeable backends.
+
+``lltm(...)`` and ``LLTM`` are the interface; the arithmetic comes from a
+backend, a separately installed distribution found through the entry-point
+group ``lltm.backends`` (see ``lltm_core.backend`` for the contract).
+Importing this package imports no backend.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from . import _autograd, _registry
+from ._checks import check_lltm_args
+from ._registry import BackendError, refresh, use_backend
+from .backend import INTERFACE_VERSION, Backend
+
+try:
+    from importlib.metadata import version as _dist_version
+
+    __version__ = _dist_version("lltm-core")
+except Exception:  # running from a source tree that was never installed
+    __version__ = "0+unknown"
+
+__all__ = [
+    "LLTM",
+    "lltm",
+    "get_backend",
+    "available_backends",
+    "backend_report",
+    "use_backend",
+    "refresh",
+    "Backend",
+    "BackendError",
+    "INTERFACE_VERSION",
+]
+
+_compiling = torch.compiler.is_compiling
+
+
+def get_backend(name: str | None = None, *, device=None, dtype=None) -> Backend:
+    """The backend called ``name``, or the one lltm-core would choose.
+
+    ``device`` and ``dtype`` (default: CPU and ``torch.get_default_dtype()``)
+    say which tensors the backend must take.  With a name, the named backend is
+    checked against them and an error says why it cannot take them; it is
+    never swapped for another.
+    """
+    device_type = torch.device(device).type if device is not None else "cpu"
+    dtype = dtype if dtype is not None else torch.get_default_dtype()
+    return _registry.select(device_type, dtype, name)
+
+
+def available_backends() -> list[str]:
+    """Names of the installed backends that load and can run here."""
+    return _registry.available_names()
+
+
+def backend_report() -> list[dict]:
+    """Every discovered entry point: distribution, version, status and, if unusable, why."""
+    return _registry.report()
+
+
+def _choose(device_type: str, dtype: torch.dtype, backend) -> Backend:
+    if isinstance(backend, Backend):
+        why_not = backend.supports(device_type, dtype)
+        if why_not is not None:
+            raise BackendError(f"lltm backend {backend.name!r} (passed as backend=) cannot take these tensors: it {why_not}")
+        return backend
+    return _registry.select(device_type, dtype, backend)
+
+
+def lltm(input, weights, bias, old_h, old_cell, *, backend: str | Backend | None = None):
+    """One LLTM step; returns ``(new_h, new_cell)``, differentiable in all five tensors.
+
+    Shapes: input (B, I), weights (3S, S+I), bias (3S,), old_h (B, S),
+    old_cell (B, S).  ``backend`` names the backend to use (or is a
+    :class:`Backend`); by default the best available one for the tensors'
+    device and dtype is chosen (see ``lltm_core._registry.select``).
+    """
+    check_lltm_args(input, weights, bias, old_h, old_cell)
+    args = (input.contiguous(), weights.contiguous(), bias.contiguous(), old_h.contiguous(), old_cell.contiguous())
+    if _compiling():
+        # The choice is made once, while tracing, and baked into the graph as
+        # a call to that backend's custom operator.
+        name = _traced_choice(input.device.type, input.dtype, backend)
+        out = getattr(torch.ops.lltm, f"{name}_forward")(*args)
+        return out[0], out[1]
+    return _autograd.apply_eager(_choose(input.device.type, input.dtype, backend), *args)
+
+
+@torch.compiler.assume_constant_result
+def _traced_choice(device_type: str, dtype: torch.dtype, backend) -> str:
+    chosen = _choose(device_type, dtype, backend)
+    _autograd.ops_for(chosen)  # registers torch.ops.lltm.<name>_forward on first use
+    return chosen.name
+
+
+class LLTM(torch.nn.Module):
+    """The LLTM cell as a module; its ``state_dict`` matches the tutorial's ``LLTM``.
+
+    Parameters ``weights`` (3S, I+S) and ``bias`` (3S,) start uniform in
+    [-1/sqrt(S), 1/sqrt(S)].  ``forward(input, (h, c)) -> (new_h, new_cell)``.
+    """
+
+    def __init__(self, input_features: int, state_size: int, *, backend: str | None = None, device=None, dtype=None):
+        super().__init__()
+        if input_features < 1 or state_size < 1:
+            raise ValueError(
+                f"LLTM(): input_features and state_size must be >= 1, got {input_features} and {state_size}"
+            )
+        self.input_features = input_features
+        self.state_size = state_size
+        self.backend = backend
+        factory = {"device": device, "dtype": dtype}
+        self.weights = torch.nn.Parameter(torch.empty(3 * state_size, input_features + state_size, **factory))
+        self.bias = torch.nn.Parameter(torch.empty(3 * state_size, **factory))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        bound = 1.0 / math.sqrt(self.state_size)
+        for p in (self.weights, self.bias):
+            torch.nn.init.uniform_(p, -bound, bound)
+
+    def forward(self, input, state):
+        old_h, old_cell = state
+        return lltm(input, self.weights, self.bias, old_h, old_cell, backend=self.backend)
+
+    def extra_repr(self) -> str:
+        chosen = f", backend={self.backend!r}" if self.backend is not None else ""
+        return f"input_features={self.input_features}, state_size={self.state_size}{chosen}"

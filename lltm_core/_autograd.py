@@ -1,0 +1,139 @@
+"""Autograd and operator registration around a backend's kernels.
+
+Two routes lead to the same kernels:
+
+* Eager calls go through :class:`_LLTMFunction`, a plain
+  ``torch.autograd.Function``.  At the seed's size a call is a few dozen
+  microseconds, and the dispatcher round trip plus per-call checks of a
+  Python custom operator would cost more than the arithmetic.
+* Under ``torch.compile`` the call goes through custom operators
+  ``lltm::<backend>_forward`` / ``lltm::<backend>_backward`` registered here
+  with ``torch.library``: a fake kernel built from the backend's
+  ``saved_layout`` lets the compiler trace shapes without running anything, and
+  ``register_autograd`` routes the backward to the backend's own backward
+  kernel.  These are the operators ``torch.library.opcheck`` checks.
+
+Both routes save the same tensors and call the backend's backward kernel, never
+autograd through the reference.  The conformance kit runs both.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import torch
+from torch.autograd.function import once_differentiable
+
+from .backend import Backend
+
+_FORWARD_SCHEMA = "(Tensor input, Tensor weights, Tensor bias, Tensor old_h, Tensor old_cell) -> Tensor[]"
+_BACKWARD_SCHEMA = "(Tensor grad_new_h, Tensor grad_new_cell, Tensor weights, Tensor[] saved) -> Tensor[]"
+
+
+def _split_grad_X(grad_X: torch.Tensor, state_size: int):
+    """X = cat([old_h, input]) -> (grad_input, grad_old_h)."""
+    return grad_X[:, state_size:], grad_X[:, :state_size]
+
+
+def _grad_or_zeros(grad, like):
+    return torch.zeros_like(like) if grad is None else grad.contiguous()
+
+
+class _LLTMFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, backend: Backend, input, weights, bias, old_h, old_cell):
+        new_h, new_cell, *saved = backend.forward(input, weights, bias, old_h, old_cell)
+        ctx.backend = backend
+        ctx.save_for_backward(weights, *saved)
+        return new_h, new_cell
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_new_h, grad_new_cell):
+        weights, *saved = ctx.saved_tensors
+        grad_X, grad_weights, grad_bias, grad_old_cell = ctx.backend.backward(
+            grad_new_h.contiguous(), grad_new_cell.contiguous(), weights, *saved
+        )
+        grad_input, grad_old_h = _split_grad_X(grad_X, grad_old_cell.shape[1])
+        return None, grad_input, grad_weights, grad_bias, grad_old_h, grad_old_cell
+
+
+def apply_eager(backend: Backend, input, weights, bias, old_h, old_cell):
+    if torch.is_grad_enabled() and (
+        input.requires_grad or weights.requires_grad or bias.requires_grad
+        or old_h.requires_grad or old_cell.requires_grad
+    ):
+        return _LLTMFunction.apply(backend, input, weights, bias, old_h, old_cell)
+    # Nothing to differentiate: skip the Function (and the saved tensors' lifetime).
+    out = backend.forward(input, weights, bias, old_h, old_cell)
+    return out[0], out[1]
+
+
+# --- custom operators, one pair per backend, made on first use -------------
+
+_ops: dict[str, tuple] = {}
+_ops_lock = threading.Lock()
+
+
+def ops_for(backend: Backend):
+    """(forward_op, backward_op) for ``backend``, registering them once per process."""
+    pair = _ops.get(backend.name)
+    if pair is None:
+        with _ops_lock:
+            pair = _ops.get(backend.name)
+            if pair is None:
+                pair = _ops[backend.name] = _register(backend)
+    return pair
+
+
+def _register(backend: Backend):
+    name = backend.name
+    fwd_kernel, bwd_kernel, layout = backend.forward, backend.backward, backend.saved_layout
+
+    def forward_impl(input, weights, bias, old_h, old_cell):
+        return list(fwd_kernel(input, weights, bias, old_h, old_cell))
+
+    def backward_impl(grad_new_h, grad_new_cell, weights, saved):
+        return list(bwd_kernel(grad_new_h, grad_new_cell, weights, *saved))
+
+    forward_op = torch.library.custom_op(
+        f"lltm::{name}_forward", forward_impl, mutates_args=(), schema=_FORWARD_SCHEMA
+    )
+    backward_op = torch.library.custom_op(
+        f"lltm::{name}_backward", backward_impl, mutates_args=(), schema=_BACKWARD_SCHEMA
+    )
+
+    @forward_op.register_fake
+    def _(input, weights, bias, old_h, old_cell):
+        B, I = input.shape
+        S = old_h.shape[1]
+        shapes = [(B, S), (B, S), *layout(B, I, S).values()]
+        return [input.new_empty(shape) for shape in shapes]
+
+    @backward_op.register_fake
+    def _(grad_new_h, grad_new_cell, weights, saved):
+        B, S = grad_new_h.shape
+        return [
+            grad_new_h.new_empty((B, weights.shape[1])),
+            torch.empty_like(weights),
+            weights.new_empty((weights.shape[0],)),
+            torch.empty_like(grad_new_h),
+        ]
+
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(inputs[1], *output[2:])  # weights, then the backend's saved tensors
+
+    def backward(ctx, grads):
+        weights, *saved = ctx.saved_tensors
+        grad_new_h, grad_new_cell = grads[0], grads[1]
+        if grad_new_h is None and grad_new_cell is None:
+            return None, None, None, None, None
+        like = grad_new_cell if grad_new_h is None else grad_new_h
+        grad_X, grad_weights, grad_bias, grad_old_cell = backward_op(
+            _grad_or_zeros(grad_new_h, like), _grad_or_zeros(grad_new_cell, like), weights, saved
+        )
+        grad_input, grad_old_h = _split_grad_X(grad_X, grad_old_cell.shape[1])
+        return grad_input, grad_weights, grad_bias, grad_old_h, grad_old_cell
+
+    forward_op.register_autograd(backward, setup_context=setup_context)
+    return forward_op, backward_op

@@ -1,0 +1,334 @@
+"""Discovering, loading and choosing backends.
+
+Discovery reads entry-point metadata only; a backend's code is imported the
+first time a call needs it (or a report asks about it), once per process.
+
+The selection rule lives in one function, :func:`select`; read its docstring
+for the order in which choices are made.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import logging
+import os
+import threading
+import warnings
+from dataclasses import dataclass
+from importlib import metadata
+
+import torch
+
+from .backend import INTERFACE_VERSION, Backend
+
+log = logging.getLogger("lltm_core")
+
+ENTRY_POINT_GROUP = "lltm.backends"
+ENV_BACKEND = "LLTM_BACKEND"
+ENV_DISABLE = "LLTM_DISABLE_BACKENDS"
+
+# What to tell a user who lacks a backend we know of.
+_INSTALL_HINTS = {
+    "ref": "pip install lltm-ref",
+    "cpu": "pip install --no-build-isolation lltm-cpu  (builds against your installed torch)",
+    "cuda": "pip install --no-build-isolation lltm-cuda  (needs nvcc and a CUDA build of torch)",
+}
+
+
+class BackendError(RuntimeError):
+    """No backend can take this call, or the one asked for cannot."""
+
+
+@dataclass
+class BackendRecord:
+    """What lltm-core knows about one discovered entry point."""
+
+    name: str
+    distribution: str
+    version: str
+    value: str  # "module:factory"
+    entry_point: metadata.EntryPoint | None = None
+    backend: Backend | None = None
+    status: str = "not loaded"  # not loaded | available | unavailable | disabled | shadowed
+    reason: str = ""
+
+    @property
+    def available(self) -> bool:
+        return self.status == "available"
+
+    def as_dict(self) -> dict:
+        b = self.backend
+        return {
+            "name": self.name,
+            "distribution": self.distribution,
+            "version": self.version,
+            "entry_point": self.value,
+            "status": self.status,
+            "reason": self.reason,
+            "priority": b.priority if b else None,
+            "devices": sorted(b.devices) if b else None,
+            "dtypes": sorted(str(d).removeprefix("torch.") for d in b.dtypes) if b else None,
+            "description": b.description if b else "",
+        }
+
+
+_lock = threading.RLock()
+_records: dict[str, list[BackendRecord]] | None = None  # name -> candidates, discovery order
+_choice_cache: dict[tuple, Backend] = {}
+# use_backend() choice; a ContextVar so threads and asyncio tasks don't see each other's.
+_context_choice: contextvars.ContextVar[str | None] = contextvars.ContextVar("lltm_backend", default=None)
+
+
+def _disabled_names() -> set[str]:
+    return {n.strip() for n in os.environ.get(ENV_DISABLE, "").split(",") if n.strip()}
+
+
+def _discover() -> dict[str, list[BackendRecord]]:
+    found: dict[str, list[BackendRecord]] = {}
+    seen: set[tuple[str, str]] = set()
+    for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
+        dist = getattr(ep, "dist", None)
+        dist_name = dist.metadata["Name"] if dist is not None else "?"
+        # The same distribution can be visible twice on sys.path (an editable
+        # install plus a build dir); that is one backend, not a conflict.
+        if (ep.name, dist_name) in seen:
+            continue
+        seen.add((ep.name, dist_name))
+        found.setdefault(ep.name, []).append(
+            BackendRecord(
+                name=ep.name,
+                distribution=dist_name,
+                version=dist.version if dist is not None else "?",
+                value=ep.value,
+                entry_point=ep,
+            )
+        )
+    for name, recs in found.items():
+        if len(recs) > 1:
+            owners = ", ".join(f"{r.distribution} {r.version} ({r.value})" for r in recs)
+            warnings.warn(
+                f"lltm backend name {name!r} is claimed by several distributions: {owners}. "
+                f"The first that loads and is available is used; uninstall the others.",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+    log.debug("discovered backends: %s", {n: [r.distribution for r in rs] for n, rs in found.items()})
+    return found
+
+
+def _records_by_name() -> dict[str, list[BackendRecord]]:
+    global _records
+    if _records is None:
+        with _lock:
+            if _records is None:
+                _records = _discover()
+    return _records
+
+
+def refresh() -> None:
+    """Forget everything discovered and loaded (e.g. after installing a backend)."""
+    global _records
+    with _lock:
+        _records = None
+        _choice_cache.clear()
+
+
+def _load(rec: BackendRecord) -> None:
+    """Import one backend, once, recording why it cannot be used if it cannot."""
+    if rec.status != "not loaded":
+        return
+    try:
+        factory = rec.entry_point.load()
+        backend = factory()
+    except Exception as exc:  # a broken backend must never break lltm-core
+        rec.status, rec.reason = "unavailable", f"failed to load: {type(exc).__name__}: {exc}"
+        log.debug("backend %s (%s): %s", rec.name, rec.distribution, rec.reason)
+        return
+    if not isinstance(backend, Backend):
+        rec.status = "unavailable"
+        rec.reason = f"entry point {rec.value} returned {type(backend).__name__}, not lltm_core.Backend"
+    elif backend.name != rec.name:
+        rec.status = "unavailable"
+        rec.reason = f"entry point is named {rec.name!r} but the backend calls itself {backend.name!r}"
+    elif INTERFACE_VERSION not in backend.interface_versions:
+        rec.status = "unavailable"
+        rec.reason = (
+            f"implements lltm interface {list(backend.interface_versions)}, but this lltm-core "
+            f"speaks {INTERFACE_VERSION}: install matching versions of lltm-core and {rec.distribution}"
+        )
+    else:
+        try:
+            why_not = backend.availability()
+        except Exception as exc:
+            why_not = f"availability check failed: {type(exc).__name__}: {exc}"
+        rec.backend = backend
+        rec.status, rec.reason = ("available", "") if why_not is None else ("unavailable", why_not)
+    log.debug("backend %s (%s %s): %s %s", rec.name, rec.distribution, rec.version, rec.status, rec.reason)
+
+
+def _resolve(name: str) -> BackendRecord | None:
+    """The record that serves ``name``: the first available candidate, else the first one."""
+    recs = _records_by_name().get(name)
+    if not recs:
+        return None
+    with _lock:
+        for rec in recs:
+            _load(rec)
+        winner = next((r for r in recs if r.available), recs[0])
+        for rec in recs:
+            if rec is not winner and rec.available:
+                rec.status = "shadowed"
+                rec.reason = f"{winner.distribution} also provides {name!r} and was found first"
+    if name in _disabled_names():
+        return BackendRecord(
+            name, winner.distribution, winner.version, winner.value, backend=winner.backend,
+            status="disabled", reason=f"hidden by {ENV_DISABLE}",
+        )
+    return winner
+
+
+def report() -> list[dict]:
+    """Every discovered entry point (loading each), with status and reason."""
+    out = []
+    for name in sorted(_records_by_name()):
+        shown = _resolve(name)
+        for rec in _records_by_name()[name]:
+            d = rec.as_dict()
+            if shown.status == "disabled" and rec.available:
+                d["status"], d["reason"] = shown.status, shown.reason
+            out.append(d)
+    return out
+
+
+def available_names() -> list[str]:
+    return [n for n in sorted(_records_by_name()) if (r := _resolve(n)) is not None and r.available]
+
+
+def _requested() -> tuple[str | None, str]:
+    ctx = _context_choice.get()
+    if ctx is not None:
+        return ctx, "use_backend()"
+    env = os.environ.get(ENV_BACKEND, "").strip()
+    if env:
+        return env, f"{ENV_BACKEND}={env}"
+    return None, ""
+
+
+@contextlib.contextmanager
+def use_backend(name: str):
+    """Use backend ``name`` for every call in this block that does not name one itself."""
+    if not isinstance(name, str) or not name:
+        raise TypeError(f"use_backend() takes a backend name, got {name!r}")
+    token = _context_choice.set(name)
+    try:
+        yield
+    finally:
+        _context_choice.reset(token)
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _not_found_message(name: str, source: str) -> str:
+    have = available_names()
+    hint = _INSTALL_HINTS.get(name, f"install the distribution that provides the {name!r} lltm backend")
+    return (
+        f"lltm backend {name!r} (asked for by {source}) is not installed. "
+        f"Available: {', '.join(have) or 'none'}. To get it: {hint}. "
+        f"`lltm info` lists every backend lltm-core can see."
+    )
+
+
+def select(device_type: str, dtype: torch.dtype, name: str | None = None) -> Backend:
+    """The backend that runs a call on ``device_type`` tensors of ``dtype``.
+
+    The decision order:
+
+    1. An explicit request wins, and is never second-guessed: the ``backend=``
+       argument, else the innermost ``use_backend()`` block, else the
+       ``LLTM_BACKEND`` environment variable.  If the backend it names is not
+       installed, is unavailable here, is disabled, or does not take this
+       device/dtype, the call fails with that reason.  Silently running
+       something else would make benchmarks and bug reports lie.
+    2. Otherwise, among backends that loaded, declare themselves available,
+       are not hidden by ``LLTM_DISABLE_BACKENDS`` and support this device
+       type and dtype, the highest ``priority`` wins; ties go to the name that
+       sorts first, so the choice does not depend on install order.
+    3. If none qualifies, the error lists every backend and why it was
+       rejected.
+
+    Choices are cached per (request, device type, dtype); ``refresh()`` clears
+    the cache.
+    """
+    source = "backend="
+    if name is None:
+        name, source = _requested()
+    key = (name, device_type, dtype, os.environ.get(ENV_DISABLE))
+    chosen = _choice_cache.get(key)
+    if chosen is not None:
+        return chosen
+    with _lock:
+        chosen = _select_uncached(device_type, dtype, name, source)
+        _choice_cache[key] = chosen
+    return chosen
+
+
+def _select_uncached(device_type: str, dtype: torch.dtype, name: str | None, source: str) -> Backend:
+    what = f"{device_type} {_dtype_name(dtype)} tensors"
+    if name is not None:
+        rec = _resolve(name)
+        if rec is None:
+            raise BackendError(_not_found_message(name, source))
+        if not rec.available:
+            raise BackendError(
+                f"lltm backend {name!r} (asked for by {source}) is {rec.status}: {rec.reason}. "
+                f"Available: {', '.join(available_names()) or 'none'}."
+            )
+        why_not = rec.backend.supports(device_type, dtype)
+        if why_not is not None:
+            takers = [n for n in available_names() if _resolve(n).backend.supports(device_type, dtype) is None]
+            raise BackendError(
+                f"lltm backend {name!r} (asked for by {source}) cannot take {what}: it {why_not}. "
+                f"Backends that can: {', '.join(takers) or 'none'}."
+            )
+        log.debug("%s -> %s (asked for by %s)", what, name, source)
+        return rec.backend
+
+    rejected: list[str] = []
+    candidates: list[Backend] = []
+    for n in sorted(_records_by_name()):
+        rec = _resolve(n)
+        if not rec.available:
+            rejected.append(f"{n}: {rec.status} ({rec.reason})")
+            continue
+        why_not = rec.backend.supports(device_type, dtype)
+        if why_not is not None:
+            rejected.append(f"{n}: {why_not}")
+            continue
+        candidates.append(rec.backend)
+    if not candidates:
+        lines = "\n  ".join(rejected) or "no backends are installed"
+        raise BackendError(
+            f"no lltm backend can take {what}.\n  {lines}\n"
+            f"Install one: {_INSTALL_HINTS['ref']} runs anywhere."
+        )
+    chosen = min(candidates, key=lambda b: (-b.priority, b.name))
+    log.debug(
+        "%s -> %s (priority %d; candidates %s; rejected %s)",
+        what, chosen.name, chosen.priority, [b.name for b in candidates], rejected,
+    )
+    return chosen
+
+
+def explain(device_type: str, dtype: torch.dtype) -> tuple[str | None, str]:
+    """(chosen backend name or None, why) for ``lltm info``."""
+    try:
+        b = select(device_type, dtype)
+    except BackendError as exc:
+        return None, str(exc)
+    name, source = _requested()
+    if name is not None:
+        return b.name, f"asked for by {source}"
+    return b.name, f"highest priority ({b.priority}) of the backends that take it"

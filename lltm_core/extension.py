@@ -1,0 +1,28 @@
+"""Helpers for backends that ship a compiled torch extension.
+
+A compiled extension links against one torch build's C++ ABI.  Loading it into
+another torch fails with an undefined-symbol error at best and crashes at
+worst, so a backend records the torch it was built with (``setup.py`` writes it
+into a small ``_build_info.py``) and checks it *before* loading the library::
+
+    from lltm_core.extension import torch_mismatch
+
+    def _availability():
+        return torch_mismatch(_build_info.TORCH_VERSION, "lltm-cpu")
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def torch_mismatch(built_for: str, distribution: str) -> str | None:
+    """``None`` if the running torch is the one the extension was built for, else what to do."""
+    running = torch.__version__
+    if built_for == running:
+        return None
+    return (
+        f"built for torch {built_for}, running {running}: rebuild {distribution} "
+        f"(pip install --no-build-isolation --no-deps --force-reinstall {distribution}, "
+        f"or from a source tree: pip install --no-build-isolation ./backends/{distribution.replace('-', '_')})"
+    )
