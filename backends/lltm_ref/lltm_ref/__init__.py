@@ -31,18 +31,18 @@ def forward(input, weights, bias, old_h, old_cell):
     # dispatch cost, not arithmetic, is what the time is made of.
     S = old_h.shape[1]
     X = torch.cat([old_h, input], dim=1)
-    gates = torch.addmm(bias, X, weights.t())
-    sig_gates = torch.sigmoid(gates[:, : 2 * S])
-    candidate = F.elu(gates[:, 2 * S :])
-    new_cell = torch.addcmul(old_cell, candidate, sig_gates[:, :S])
+    sig_pre, candidate_pre = F.linear(X, weights, bias).split([2 * S, S], dim=1)
+    sig_gates = torch.sigmoid(sig_pre)
+    input_gate, output_gate = sig_gates.chunk(2, dim=1)
+    candidate = F.elu(candidate_pre)
+    new_cell = torch.addcmul(old_cell, candidate, input_gate)
     tanh_cell = torch.tanh(new_cell)
-    new_h = tanh_cell * sig_gates[:, S:]
+    new_h = tanh_cell * output_gate
     return new_h, new_cell, X, sig_gates, candidate, tanh_cell
 
 
 def backward(grad_h, grad_cell, weights, X, sig_gates, candidate, tanh_cell):
-    S = tanh_cell.shape[1]
-    input_gate, output_gate = sig_gates[:, :S], sig_gates[:, S:]
+    input_gate, output_gate = sig_gates.chunk(2, dim=1)
     # d new_cell: through new_h = tanh(new_cell) * o, plus the direct gradient.
     grad_new_cell = _aten.tanh_backward(grad_h * output_gate, tanh_cell).add_(grad_cell)
     grad_sig = _aten.sigmoid_backward(

@@ -1,0 +1,112 @@
+"""The ``lltm`` command: ``lltm info`` and ``lltm bench``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+
+import torch
+
+from . import INTERFACE_VERSION, __version__, _registry
+
+_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+
+
+def _devices() -> list[tuple[str, str | None]]:
+    """(device type, None if usable else why not) for the devices lltm knows about."""
+    out = [("cpu", None)]
+    if torch.version.cuda is None:
+        out.append(("cuda", "this torch is a CPU-only build"))
+    elif not torch.cuda.is_available():
+        out.append(("cuda", f"torch {torch.__version__} has CUDA {torch.version.cuda}, but no CUDA device is visible"))
+    else:
+        out.append(("cuda", None))
+    return out
+
+
+def info_data() -> dict:
+    devices = _devices()
+    selection = []
+    for device, unusable in devices:
+        if unusable:
+            continue
+        for dtype in _DTYPES:
+            chosen, why = _registry.explain(device, dtype)
+            selection.append({"device": device, "dtype": str(dtype)[6:], "backend": chosen, "why": why})
+    return {
+        "lltm_core": __version__,
+        "interface_version": INTERFACE_VERSION,
+        "torch": torch.__version__,
+        "torch_cuda": torch.version.cuda,
+        "python": platform.python_version(),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "devices": [
+            {"device": d, "available": why is None, "reason": why or "",
+             "name": torch.cuda.get_device_name(0) if d == "cuda" and why is None else ""}
+            for d, why in devices
+        ],
+        "backends": _registry.report(),
+        "selection": selection,
+        "environment": {v: os.environ.get(v) for v in (_registry.ENV_BACKEND, _registry.ENV_DISABLE)},
+    }
+
+
+def _table(rows: list[list[str]], header: list[str]) -> str:
+    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
+    fmt = "  ".join(f"{{:<{w}}}" for w in widths)
+    lines = [fmt.format(*header), fmt.format(*("-" * w for w in widths))]
+    lines += [fmt.format(*map(str, r)) for r in rows]
+    return "\n".join("  " + line.rstrip() for line in lines)
+
+
+def print_info(data: dict) -> None:
+    print(f"lltm-core {data['lltm_core']} (backend interface {data['interface_version']})")
+    print(f"torch {data['torch']} (CUDA {data['torch_cuda'] or 'none'}), Python {data['python']}, "
+          f"CPU capability {data['cpu_capability']}")
+    print("\nDevices:")
+    for d in data["devices"]:
+        state = f"available {d['name']}".rstrip() if d["available"] else f"unavailable: {d['reason']}"
+        print(f"  {d['device']:<5} {state}")
+    print(f"\nBackends (entry-point group {_registry.ENTRY_POINT_GROUP!r}):")
+    if not data["backends"]:
+        print("  none installed: pip install lltm-ref")
+    else:
+        rows = [
+            [b["name"], b["distribution"], b["version"], b["status"],
+             "" if b["priority"] is None else b["priority"],
+             ",".join(b["devices"] or []), ",".join(b["dtypes"] or []), b["reason"] or b["description"]]
+            for b in data["backends"]
+        ]
+        print(_table(rows, ["name", "distribution", "version", "status", "priority", "devices", "dtypes", "reason / description"]))
+    print("\nSelection (what lltm_core.lltm() uses when no backend is named):")
+    rows = [[s["device"], s["dtype"], s["backend"] or "-", s["why"].replace("\n", " ")] for s in data["selection"]]
+    print(_table(rows, ["device", "dtype", "backend", "why"]))
+    env = data["environment"]
+    print("\nEnvironment: " + ", ".join(f"{k}={v if v is not None else '(unset)'}" for k, v in env.items()))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="lltm", description="The LLTM cell with pluggable backends.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    info = sub.add_parser("info", help="what is installed, what is usable, and which backend each device/dtype gets")
+    info.add_argument("--json", action="store_true", help="machine-readable output")
+    from . import bench
+
+    bench.add_arguments(sub.add_parser("bench", help=bench.__doc__.splitlines()[0]))
+    args = parser.parse_args(argv)
+    if args.command == "info":
+        data = info_data()
+        if args.json:
+            json.dump(data, sys.stdout, indent=2)
+            print()
+        else:
+            print_info(data)
+        return 0
+    return bench.run(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

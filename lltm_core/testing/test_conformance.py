@@ -1,0 +1,117 @@
+"""Conformance tests every backend must pass; see ``lltm_core.testing`` for how to run them."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import lltm_core
+from lltm_core.testing import compare_with_reference, make_inputs, tolerance
+
+# (batch, input_features, state_size): ones, odd and prime sizes, the seed's
+# size, a state larger than a 1024-thread block, and a batch/state product
+# that is not a multiple of any vector width.
+SHAPES = [
+    (1, 1, 1),
+    (1, 3, 7),
+    (33, 5, 129),
+    (16, 32, 128),
+    (2, 17, 1000),
+    (3, 2, 1031),
+]
+
+
+@pytest.fixture
+def backend(lltm_backend_name, lltm_device, lltm_dtype):
+    # An explicit request: fails (never falls back) if the backend cannot take these tensors.
+    return lltm_core.get_backend(lltm_backend_name, device=lltm_device, dtype=lltm_dtype)
+
+
+def _assert_close(errors: dict, dtype, what: str):
+    tol = tolerance(dtype)
+    bad = {k: f"{v:.3g}" for k, v in errors.items() if not v <= tol}
+    assert not bad, f"{what}: relative error above {tol:g} in {bad} (all: { {k: f'{v:.2g}' for k, v in errors.items()} })"
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "B{}-I{}-S{}".format(*s))
+def test_matches_reference(backend, lltm_device, lltm_dtype, shape):
+    inputs = make_inputs(*shape, dtype=lltm_dtype, device=lltm_device)
+    _assert_close(compare_with_reference(backend.name, inputs), lltm_dtype, f"{backend.name} at B,I,S={shape}")
+
+
+@pytest.mark.parametrize("used", ["new_h", "new_cell"])
+def test_one_output_used(backend, lltm_device, lltm_dtype, used):
+    """Autograd hands the backward zeros for an unused output; results must still match."""
+    inputs = make_inputs(4, 6, 9, dtype=lltm_dtype, device=lltm_device)
+    zeros = torch.zeros(4, 9, dtype=lltm_dtype, device=lltm_device)
+    kw = {"grad_cell": zeros} if used == "new_h" else {"grad_h": zeros}
+    _assert_close(compare_with_reference(backend.name, inputs, **kw), lltm_dtype, f"only {used} used")
+
+
+def test_noncontiguous_inputs(backend, lltm_device, lltm_dtype):
+    B, I, S = 5, 7, 11
+    contiguous = make_inputs(B, I, S, dtype=lltm_dtype, device=lltm_device, requires_grad=False)
+    # Same values, other strides: transposed storage and every-other-column views.
+    strided = (
+        contiguous[0].t().contiguous().t(),
+        contiguous[1].repeat_interleave(2, dim=1)[:, ::2],
+        contiguous[2].repeat_interleave(2)[::2],
+        contiguous[3].t().contiguous().t(),
+        contiguous[4].repeat_interleave(3, dim=1)[:, ::3],
+    )
+    assert not any(t.is_contiguous() for t in strided)
+    want = lltm_core.lltm(*contiguous, backend=backend.name)
+    got = lltm_core.lltm(*strided, backend=backend.name)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=0, atol=0)
+    _assert_close(compare_with_reference(backend.name, strided), lltm_dtype, "non-contiguous inputs")
+
+
+def test_empty_batch(backend, lltm_device, lltm_dtype):
+    inputs = make_inputs(0, 3, 5, dtype=lltm_dtype, device=lltm_device)
+    new_h, new_cell = lltm_core.lltm(*inputs, backend=backend.name)
+    assert new_h.shape == new_cell.shape == (0, 5)
+    (new_h.sum() + new_cell.sum()).backward()
+    for t in inputs:
+        assert t.grad is not None and t.grad.shape == t.shape
+        assert not t.grad.any()
+
+
+def test_gradcheck_float64(lltm_backend_name, lltm_device):
+    """Finite differences against the backend's own backward kernel, in float64."""
+    backend = lltm_core.get_backend(lltm_backend_name, device=lltm_device, dtype=torch.float64)
+    inputs = make_inputs(3, 4, 5, dtype=torch.float64, device=lltm_device)
+    assert torch.autograd.gradcheck(lambda *a: lltm_core.lltm(*a, backend=backend.name), inputs)
+
+
+def test_opcheck(backend, lltm_device, lltm_dtype):
+    """The custom operators torch.compile sees: schema, fake kernels, autograd registration."""
+    from lltm_core._autograd import ops_for
+
+    forward_op, backward_op = ops_for(backend)
+    inputs = make_inputs(6, 5, 7, dtype=lltm_dtype, device=lltm_device)
+    torch.library.opcheck(forward_op, inputs)
+    outputs = forward_op(*[t.detach() for t in inputs])
+    grads = [torch.randn_like(outputs[0]), torch.randn_like(outputs[1])]
+    torch.library.opcheck(backward_op, (*grads, inputs[1].detach(), outputs[2:]))
+
+
+def test_compile_fullgraph(lltm_backend_name, lltm_device):
+    """torch.compile(fullgraph=True) traces lltm with no graph break and agrees with eager."""
+    dtype = torch.float32
+    backend = lltm_core.get_backend(lltm_backend_name, device=lltm_device, dtype=dtype)
+    torch._dynamo.reset()
+
+    def step(*args):
+        return lltm_core.lltm(*args, backend=backend.name)
+
+    compiled = torch.compile(step, fullgraph=True)
+    inputs = make_inputs(8, 5, 13, dtype=dtype, device=lltm_device)
+    eager_inputs = [t.detach().clone().requires_grad_() for t in inputs]
+    got = compiled(*inputs)
+    want = step(*eager_inputs)
+    upstream = [torch.randn_like(want[0]), torch.randn_like(want[1])]
+    got_grads = torch.autograd.grad(got, inputs, upstream)
+    want_grads = torch.autograd.grad(want, eager_inputs, upstream)
+    for g, w in zip((*got, *got_grads), (*want, *want_grads)):
+        torch.testing.assert_close(g, w)

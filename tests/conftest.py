@@ -1,0 +1,75 @@
+"""Fixtures for lltm-core's own tests: fake backends installed as real entry points.
+
+``install_fake_backends`` writes a throwaway distribution (a ``*.dist-info``
+folder with ``entry_points.txt``) onto ``sys.path``, so discovery goes through
+``importlib.metadata`` exactly as it does for a pip-installed backend.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import textwrap
+
+import pytest
+
+import lltm_core
+
+# Factories the fake distributions point at.  Each builds on lltm-ref's kernels
+# so a "working" fake really computes the LLTM.
+FAKE_MODULE = textwrap.dedent(
+    '''
+    import dataclasses
+    import torch
+    import lltm_ref
+    from lltm_core import Backend
+
+    def _ref(**changes):
+        return dataclasses.replace(lltm_ref.load_backend(), **changes)
+
+    def fast():         return _ref(name="fast", priority=50, devices=frozenset({"cpu"}), dtypes=frozenset({torch.float32}))
+    def alpha():        return _ref(name="alpha", priority=50, devices=frozenset({"cpu"}), dtypes=frozenset({torch.float32}))
+    def broken():       raise ImportError("libfoo.so: cannot open shared object file")
+    def future():       return _ref(name="future", interface_versions=(99,))
+    def nogpu():        return _ref(name="nogpu", priority=500, availability=lambda: "no CUDA device visible")
+    def misnamed():     return _ref(name="something_else")
+    def not_backend():  return object()
+    def dup_good():     return _ref(name="dup", priority=1)
+    def dup_bad():      raise RuntimeError("this copy is broken")
+
+    def _wrong_backward(grad_h, grad_cell, weights, X, sig, cand, tanh_cell):
+        grad_X, gw, gb, gc = lltm_ref.backward(grad_h, grad_cell, weights, X, sig, cand, tanh_cell)
+        return grad_X, gw * 1.01, gb, gc   # a 1% error in grad_weights
+
+    def wrong():        return _ref(name="wrong", backward=_wrong_backward)
+    '''
+)
+
+
+def write_distribution(root, dist_name: str, entry_points: dict[str, str]) -> None:
+    info = root / f"{dist_name.replace('-', '_')}-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist_name}\nVersion: 0.1\n")
+    lines = "\n".join(f"{name} = {value}" for name, value in entry_points.items())
+    (info / "entry_points.txt").write_text(f"[lltm.backends]\n{lines}\n")
+
+
+@pytest.fixture
+def fake_backends(tmp_path, monkeypatch):
+    """Returns install(dist_name, {entry point name: factory name}); resets the registry after."""
+    (tmp_path / "lltm_fake_backends.py").write_text(FAKE_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delenv("LLTM_BACKEND", raising=False)
+    monkeypatch.delenv("LLTM_DISABLE_BACKENDS", raising=False)
+
+    def install(dist_name: str, entry_points: dict[str, str]) -> None:
+        write_distribution(tmp_path, dist_name, {n: f"lltm_fake_backends:{f}" for n, f in entry_points.items()})
+        importlib.invalidate_caches()
+        lltm_core.refresh()
+
+    lltm_core.refresh()
+    yield install
+    sys.modules.pop("lltm_fake_backends", None)
+    monkeypatch.undo()
+    importlib.invalidate_caches()
+    lltm_core.refresh()

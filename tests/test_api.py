@@ -1,0 +1,127 @@
+"""The public interface: argument checks, the module, and that the kit catches wrong backends."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import lltm_core
+from lltm_core.testing import SeedLLTM, compare_with_reference, make_inputs, tolerance
+
+B, I, S = 4, 3, 5
+
+
+def _args(**replace):
+    args = dict(zip(("input", "weights", "bias", "old_h", "old_cell"), make_inputs(B, I, S, requires_grad=False)))
+    args.update(replace)
+    return args
+
+
+@pytest.mark.parametrize(
+    "replace, error, pattern",
+    [
+        ({"input": [[1.0]]}, TypeError, r"input must be a torch.Tensor, got list"),
+        ({"input": torch.randn(B, I, 1)}, ValueError, r"input must be 2-D \(batch, input_features\), got shape \(4, 3, 1\)"),
+        ({"old_h": torch.randn(S)}, ValueError, r"old_h must be 2-D \(batch, state_size\), got shape \(5,\)"),
+        ({"weights": torch.randn(3 * S, S + I + 1)}, ValueError, r"weights has shape \(15, 9\), expected \(15, 8\)"),
+        ({"bias": torch.randn(3 * S + 1)}, ValueError, r"bias has shape \(16,\), expected \(15,\)"),
+        ({"old_h": torch.randn(B + 1, S)}, ValueError, r"old_h has shape \(5, 5\), expected \(4, 5\)"),
+        ({"old_cell": torch.randn(B, S + 1)}, ValueError, r"old_cell has shape \(4, 6\), expected \(4, 5\)"),
+        ({"old_cell": torch.randn(B, S, dtype=torch.float64)}, TypeError, r"old_cell has dtype torch.float64, expected torch.float32"),
+        ({"input": torch.ones(B, I, dtype=torch.int64)}, TypeError, r"input must be a floating-point tensor, got dtype torch.int64"),
+        ({"bias": torch.randn(3 * S, device="meta")}, ValueError, r"bias is on meta, expected cpu"),
+    ],
+    ids=["not-tensor", "input-rank", "h-rank", "weights", "bias", "h-batch", "cell-state", "dtype-mix", "int", "device-mix"],
+)
+def test_bad_arguments_are_named(replace, error, pattern):
+    with pytest.raises(error, match=pattern):
+        lltm_core.lltm(**_args(**replace))
+
+
+def test_module_state_dict_round_trips_with_the_seed_module():
+    seed = SeedLLTM(I, S)
+    ours = lltm_core.LLTM(I, S)
+    assert ours.state_dict().keys() == seed.state_dict().keys()
+    ours.load_state_dict(seed.state_dict())
+    x, h, c = torch.randn(B, I), torch.randn(B, S), torch.randn(B, S)
+    for got, want in zip(ours(x, (h, c)), seed(x, (h, c))):
+        torch.testing.assert_close(got, want)
+    back = SeedLLTM(I, S)
+    back.load_state_dict(ours.state_dict())
+    torch.testing.assert_close(back.weights, seed.weights)
+
+
+def test_module_initialisation_matches_the_seed():
+    m = lltm_core.LLTM(32, 128, dtype=torch.float64)
+    assert m.weights.shape == (384, 160) and m.bias.shape == (384,)
+    bound = 1 / math.sqrt(128)
+    for p in (m.weights, m.bias):
+        assert p.dtype == torch.float64
+        assert p.abs().max() <= bound
+        assert p.abs().max() > 0.9 * bound  # really uniform over the range, not tiny
+        assert p.std() > 0.5 * bound
+
+
+def test_module_rejects_empty_sizes():
+    with pytest.raises(ValueError, match="input_features and state_size must be >= 1, got 0 and 5"):
+        lltm_core.LLTM(0, 5)
+
+
+def test_module_trains():
+    m = lltm_core.LLTM(I, S)
+    x, h, c = torch.randn(B, I), torch.randn(B, S), torch.randn(B, S)
+    new_h, new_cell = m(x, (h, c))
+    (new_h.sum() + new_cell.sum()).backward()
+    assert m.weights.grad is not None and m.weights.grad.abs().sum() > 0
+    assert m.bias.grad is not None and m.bias.grad.abs().sum() > 0
+
+
+def test_no_grad_calls_skip_autograd():
+    with torch.no_grad():
+        new_h, _ = lltm_core.lltm(*make_inputs(B, I, S))
+    assert new_h.grad_fn is None and not new_h.requires_grad
+
+
+@pytest.fixture
+def wrong_backend():
+    import dataclasses
+
+    import lltm_ref
+
+    def backward(grad_h, grad_cell, weights, *saved):
+        grad_X, grad_weights, grad_bias, grad_old_cell = lltm_ref.backward(grad_h, grad_cell, weights, *saved)
+        return grad_X, grad_weights, grad_bias * 1.01, grad_old_cell
+
+    return dataclasses.replace(lltm_ref.load_backend(), name="wrong_bias", backward=backward)
+
+
+def test_the_kit_catches_a_wrong_gradient(wrong_backend):
+    """The oracle comparison must fail for a backend that is off by 1% in one gradient."""
+    errors = compare_with_reference(wrong_backend, make_inputs(7, 5, 9, dtype=torch.float64))
+    assert errors["grad_bias"] > 100 * tolerance(torch.float64)
+    assert all(v <= tolerance(torch.float64) for k, v in errors.items() if k != "grad_bias")
+
+
+def test_gradcheck_catches_a_wrong_gradient(wrong_backend):
+    inputs = make_inputs(3, 4, 5, dtype=torch.float64)
+    assert not torch.autograd.gradcheck(
+        lambda *a: lltm_core.lltm(*a, backend=wrong_backend), inputs, raise_exception=False
+    )
+
+
+def test_opcheck_catches_an_aliasing_backend():
+    import dataclasses
+
+    import lltm_ref
+
+    def forward(*args):
+        new_h, new_cell, X, sig, cand, tanh_cell = lltm_ref.forward(*args)
+        return new_h, new_cell, X, sig, cand, new_cell  # saves an output twice: aliasing
+    aliasing = dataclasses.replace(lltm_ref.load_backend(), name="aliasing", forward=forward)
+    from lltm_core._autograd import ops_for
+
+    forward_op, _ = ops_for(aliasing)
+    with pytest.raises(Exception, match="(?i)alias"):
+        torch.library.opcheck(forward_op, make_inputs(2, 3, 4))

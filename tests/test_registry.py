@@ -1,0 +1,144 @@
+"""Discovery, loading and the selection rule, through real entry points."""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import lltm_core
+from lltm_core import BackendError
+from lltm_core.testing import make_inputs
+
+
+def _status(name):
+    return {(r["name"], r["distribution"]): r for r in lltm_core.backend_report()}
+
+
+def test_import_loads_no_backend():
+    code = (
+        "import sys, lltm_core; "
+        "loaded = [m for m in sys.modules if m.startswith(('lltm_ref', 'lltm_cpu', 'lltm_cuda'))]; "
+        "assert not loaded, loaded; "
+        "lltm_core.available_backends(); "
+        "assert 'lltm_ref' in sys.modules"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_reference_is_always_there():
+    assert "ref" in lltm_core.available_backends()
+
+
+def test_priority_then_name(fake_backends):
+    fake_backends("lltm-fake", {"fast": "fast", "alpha": "alpha"})
+    # Both priority 50 > ref's 0: the tie goes to the name that sorts first.
+    assert lltm_core.get_backend(device="cpu", dtype=torch.float32).name == "alpha"
+    # Neither takes float64: the reference does.
+    assert lltm_core.get_backend(device="cpu", dtype=torch.float64).name == "ref"
+
+
+def test_broken_backends_are_reported_not_raised(fake_backends):
+    fake_backends("lltm-fake", {"broken": "broken", "future": "future", "nogpu": "nogpu",
+                                "misnamed": "misnamed", "not_backend": "not_backend"})
+    report = {r["name"]: r for r in lltm_core.backend_report()}
+    assert report["broken"]["status"] == "unavailable"
+    assert "ImportError: libfoo.so" in report["broken"]["reason"]
+    assert "interface [99]" in report["future"]["reason"] and "speaks 1" in report["future"]["reason"]
+    assert report["nogpu"]["reason"] == "no CUDA device visible"
+    assert "calls itself 'something_else'" in report["misnamed"]["reason"]
+    assert "not lltm_core.Backend" in report["not_backend"]["reason"]
+    assert report["broken"]["distribution"] == "lltm-fake" and report["broken"]["version"] == "0.1"
+    # ...and none of them stops the reference from working.
+    assert lltm_core.available_backends() == ["ref"]
+    new_h, _ = lltm_core.lltm(*make_inputs(2, 3, 4))
+    assert new_h.shape == (2, 4)
+
+
+def test_explicit_request_for_unavailable_backend_fails_with_reason(fake_backends):
+    fake_backends("lltm-fake", {"nogpu": "nogpu"})
+    with pytest.raises(BackendError, match=r"'nogpu'.*backend=.*unavailable: no CUDA device visible.*Available: ref"):
+        lltm_core.lltm(*make_inputs(2, 3, 4), backend="nogpu")
+
+
+def test_unknown_backend_names_it_and_says_what_to_install():
+    with pytest.raises(BackendError) as err:
+        lltm_core.get_backend("cuda")
+    message = str(err.value)
+    assert "'cuda'" in message and "not installed" in message
+    assert "Available: " in message and "ref" in message
+    assert "pip install" in message and "lltm-cuda" in message
+
+
+def test_explicit_request_never_falls_back(fake_backends):
+    fake_backends("lltm-fake", {"fast": "fast"})
+    inputs = make_inputs(2, 3, 4, dtype=torch.float64)
+    with pytest.raises(BackendError, match=r"'fast'.*cannot take cpu float64.*takes float32.*Backends that can: ref"):
+        lltm_core.lltm(*inputs, backend="fast")
+
+
+def test_env_backend(fake_backends, monkeypatch):
+    fake_backends("lltm-fake", {"fast": "fast"})
+    monkeypatch.setenv("LLTM_BACKEND", "ref")
+    assert lltm_core.get_backend().name == "ref"
+    monkeypatch.setenv("LLTM_BACKEND", "nosuch")
+    with pytest.raises(BackendError, match=r"'nosuch' \(asked for by LLTM_BACKEND=nosuch\) is not installed"):
+        lltm_core.lltm(*make_inputs(2, 3, 4))
+
+
+def test_use_backend_context_beats_env_and_nests(fake_backends, monkeypatch):
+    fake_backends("lltm-fake", {"fast": "fast"})
+    monkeypatch.setenv("LLTM_BACKEND", "fast")
+    assert lltm_core.get_backend().name == "fast"
+    with lltm_core.use_backend("ref"):
+        assert lltm_core.get_backend().name == "ref"
+        with lltm_core.use_backend("fast"):
+            assert lltm_core.get_backend().name == "fast"
+        assert lltm_core.get_backend().name == "ref"
+        # the argument beats the context
+        assert lltm_core.get_backend("fast").name == "fast"
+    assert lltm_core.get_backend().name == "fast"
+
+
+def test_disable_backends(fake_backends, monkeypatch):
+    fake_backends("lltm-fake", {"fast": "fast"})
+    assert lltm_core.get_backend().name == "fast"
+    monkeypatch.setenv("LLTM_DISABLE_BACKENDS", "fast, other")
+    assert lltm_core.get_backend().name == "ref"
+    assert "fast" not in lltm_core.available_backends()
+    assert _status("fast")[("fast", "lltm-fake")]["status"] == "disabled"
+    with pytest.raises(BackendError, match="disabled: hidden by LLTM_DISABLE_BACKENDS"):
+        lltm_core.get_backend("fast")
+
+
+def test_duplicate_names_warn_and_working_copy_wins(fake_backends):
+    fake_backends("lltm-fake-a", {"dup": "dup_bad"})
+    fake_backends("lltm-fake-b", {"dup": "dup_good"})
+    with pytest.warns(RuntimeWarning, match=r"'dup' is claimed by several distributions: lltm-fake-\w.*lltm-fake-\w"):
+        names = lltm_core.available_backends()
+    assert "dup" in names
+    report = _status("dup")
+    assert report[("dup", "lltm-fake-a")]["status"] == "unavailable"
+    assert report[("dup", "lltm-fake-b")]["status"] == "available"
+
+
+def test_no_backend_can_take_it_lists_every_rejection(fake_backends, monkeypatch):
+    fake_backends("lltm-fake", {"fast": "fast", "broken": "broken"})
+    monkeypatch.setenv("LLTM_DISABLE_BACKENDS", "ref")
+    with pytest.raises(BackendError) as err:
+        lltm_core.get_backend(device="cpu", dtype=torch.float64)
+    message = str(err.value)
+    assert "no lltm backend can take cpu float64" in message
+    assert "broken: unavailable (failed to load: ImportError" in message
+    assert "fast: takes float32, not float64" in message
+    assert "ref: disabled (hidden by LLTM_DISABLE_BACKENDS)" in message
+
+
+def test_decisions_are_logged(fake_backends, caplog):
+    fake_backends("lltm-fake", {"fast": "fast"})
+    with caplog.at_level(logging.DEBUG, logger="lltm_core"):
+        lltm_core.get_backend(device="cpu", dtype=torch.float32)
+    assert any("cpu float32 tensors -> fast (priority 50" in r.getMessage() for r in caplog.records)
