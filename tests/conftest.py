@@ -8,12 +8,17 @@ folder with ``entry_points.txt``) onto ``sys.path``, so discovery goes through
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 import textwrap
 
 import pytest
 
 import lltm_core
+
+# tests/installed/ checks a wheel install (nox -s wheels sets the variable);
+# from a source tree it would test the wrong thing.
+collect_ignore = [] if os.environ.get("LLTM_TEST_INSTALLED") else ["installed"]
 
 # Factories the fake distributions point at.  Each builds on lltm-ref's kernels
 # so a "working" fake really computes the LLTM.

@@ -1,0 +1,78 @@
+#!/usr/bin/env python3
+"""One entry point for a fresh checkout; needs nothing but python3.
+
+    python3 dev.py bench [lltm bench options]   # set up .venv, then `lltm bench`
+    python3 dev.py test  [nox options]          # build and test every distribution (what CI runs)
+    python3 dev.py info                         # set up .venv, then `lltm info`
+
+`.venv/` gets the CPU build of torch (pinned: an unpinned install pulls a
+multi-GB CUDA build), nox, and lltm-core, lltm-ref and lltm-cpu installed
+editable with --no-build-isolation, so the C++ extension is compiled against
+that very torch.  It is rebuilt when a source file of a distribution changes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent
+VENV = ROOT / ".venv"
+BIN = VENV / ("Scripts" if os.name == "nt" else "bin")
+PY = BIN / "python"
+TOOLS = ["torch==2.13.0", "nox", "ninja", "setuptools>=64", "wheel", "pytest", "numpy", "matplotlib"]
+DISTRIBUTIONS = [".", "backends/lltm_ref", "backends/lltm_cpu"]
+STAMP = VENV / ".lltm-dev-stamp"
+
+
+def _run(*cmd, **kw) -> None:
+    print("+", " ".join(map(str, cmd)), flush=True)
+    subprocess.run([str(c) for c in cmd], check=True, cwd=ROOT, **kw)
+
+
+def _sources_digest() -> str:
+    h = hashlib.sha256(" ".join(TOOLS).encode())
+    for dist in DISTRIBUTIONS:
+        base = ROOT / dist
+        files = [base / "VERSION", base / "setup.py", base / "pyproject.toml"]
+        for sub in ("csrc", "lltm_core", "lltm_ref", "lltm_cpu"):
+            if (base / sub).is_dir():
+                files += sorted(p for p in (base / sub).rglob("*") if p.suffix in {".py", ".cpp", ".h", ".cu", ".c"})
+        for f in files:
+            if f.is_file() and "_build_info" not in f.name:
+                h.update(str(f.relative_to(ROOT)).encode())
+                h.update(f.read_bytes())
+    return h.hexdigest()
+
+
+def ensure_venv() -> None:
+    digest = _sources_digest()
+    if STAMP.exists() and STAMP.read_text() == digest:
+        return
+    if not PY.exists():
+        print(f"creating {VENV.relative_to(ROOT)}/ (first run: installs torch 2.13.0 CPU, about a minute)", flush=True)
+        venv.EnvBuilder(with_pip=True).create(VENV)
+    _run(PY, "-m", "pip", "install", "-q", *TOOLS)
+    editable = [arg for dist in DISTRIBUTIONS for arg in ("-e", dist)]
+    env = {**os.environ, "MAX_JOBS": os.environ.get("MAX_JOBS", str(os.cpu_count() or 2))}
+    _run(PY, "-m", "pip", "install", "-q", "--no-build-isolation", "--no-deps", *editable, env=env)
+    STAMP.write_text(digest)
+
+
+def main(argv: list[str]) -> int:
+    if not argv or argv[0] not in {"bench", "test", "info"}:
+        print(__doc__)
+        return 2
+    command, rest = argv[0], argv[1:]
+    ensure_venv()
+    if command == "test":
+        return subprocess.run([str(BIN / "nox"), *rest], cwd=ROOT).returncode
+    return subprocess.run([str(BIN / "lltm"), command, *rest], cwd=ROOT).returncode
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

@@ -1,0 +1,110 @@
+"""Build and test each lltm distribution in its own fresh virtual environment.
+
+    nox -l           # list the sessions
+    nox              # run them all (what `python3 dev.py test` and CI run)
+    nox -s cpu       # one of them
+
+Every install of an lltm distribution uses --no-build-isolation: an extension
+must be compiled against the very torch it will run with, and an isolated
+build environment would fetch whatever torch the index offers instead.
+torch is pinned, because an unpinned `pip install torch` pulls a multi-GB CUDA
+build.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+import nox
+
+ROOT = Path(__file__).parent
+TORCH_CPU = "torch==2.13.0"  # the CPU build: tests run against it
+TORCH_CUDA = "torch==2.14.1"  # the CUDA 13.0 build: only to compile lltm-cuda here
+BUILD_TOOLS = ("setuptools>=64", "wheel", "ninja")
+TEST_TOOLS = ("pytest", "numpy")
+WHEELHOUSE = ROOT / "wheelhouse"
+
+nox.options.default_venv_backend = "venv"
+nox.options.reuse_venv = "no"
+nox.options.error_on_missing_interpreters = True
+nox.options.sessions = ["core", "ref", "cpu", "cuda", "wheels"]
+
+
+def _setup(session, torch_req=TORCH_CPU, *dists):
+    """Fresh venv: pinned torch and build tools first, then lltm distributions from this tree."""
+    session.install(torch_req, *BUILD_TOOLS, *TEST_TOOLS)
+    session.install("--no-build-isolation", "--no-deps", *dists)
+    session.run("python", "-m", "pip", "check")
+
+
+def _pytest(session, *args):
+    # Run from a scratch folder so the installed packages are tested, not the source tree.
+    with tempfile.TemporaryDirectory() as tmp, session.chdir(tmp):
+        session.run("python", "-m", "pytest", "-p", "no:cacheprovider", *args, *session.posargs)
+
+
+@nox.session
+def core(session):
+    """lltm-core (with lltm-ref, its dependency): registry, API, CLI and example tests."""
+    _setup(session, TORCH_CPU, ".", "./backends/lltm_ref")
+    _pytest(session, str(ROOT / "tests"))
+
+
+@nox.session
+def ref(session):
+    """lltm-ref: the conformance kit against the reference backend, float32 and float64."""
+    _setup(session, TORCH_CPU, ".", "./backends/lltm_ref")
+    _pytest(session, "--pyargs", "lltm_core.testing", "--lltm-backend", "ref")
+
+
+@nox.session
+def cpu(session):
+    """lltm-cpu: compile the fused C++ extension, run its tests, the kit and the cross-backend tests."""
+    _setup(session, TORCH_CPU, ".", "./backends/lltm_ref", "./backends/lltm_cpu")
+    session.run("lltm", "info")
+    _pytest(session, str(ROOT / "backends/lltm_cpu/tests"))
+    _pytest(session, "--pyargs", "lltm_core.testing", "--lltm-backend", "cpu")
+    _pytest(session, str(ROOT / "tests"))
+
+
+@nox.session
+def cuda(session):
+    """lltm-cuda: compile with nvcc against the CUDA build of torch, then the GPU-free tests."""
+    env = {"CUDA_HOME": os.environ.get("CUDA_HOME", "/usr/local/cuda"), "MAX_JOBS": os.environ.get("MAX_JOBS", "2")}
+    session.install(TORCH_CUDA, *BUILD_TOOLS, *TEST_TOOLS)
+    session.install("--no-build-isolation", "--no-deps", ".", "./backends/lltm_ref")
+    session.install("--no-build-isolation", "--no-deps", "./backends/lltm_cuda", env=env)
+    session.run("lltm", "info")
+    _pytest(session, str(ROOT / "backends/lltm_cuda/tests"))
+
+
+@nox.session
+def wheels(session):
+    """Build every distribution's wheel into wheelhouse/, install them into this venv, test from the install."""
+    session.install(TORCH_CPU, *BUILD_TOOLS, *TEST_TOOLS)
+    WHEELHOUSE.mkdir(exist_ok=True)
+    for old in WHEELHOUSE.glob("lltm_*.whl"):
+        old.unlink()
+    for dist in (".", "./backends/lltm_ref", "./backends/lltm_cpu"):
+        session.run("python", "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "-w", str(WHEELHOUSE), dist)
+    # What a user does: names, not paths, resolved from the wheel folder.
+    session.install("--no-index", "--find-links", str(WHEELHOUSE), "lltm-core", "lltm-cpu")
+    session.run("python", "-m", "pip", "check")
+    session.run("lltm", "info")
+    session.env["LLTM_TEST_INSTALLED"] = "1"
+    _pytest(session, str(ROOT / "tests" / "installed"))
+    # Uninstalling a backend leaves no stale entry point and no warning ...
+    session.run("python", "-m", "pip", "uninstall", "-y", "lltm-cpu")
+    session.run("python", "-W", "error", "-c", _ASSERT_BACKENDS.format(expect="['ref']"))
+    # ... and reinstalling picks it up again.
+    session.install("--no-index", "--find-links", str(WHEELHOUSE), "lltm-cpu")
+    session.run("python", "-W", "error", "-c", _ASSERT_BACKENDS.format(expect="['cpu', 'ref']"))
+
+
+_ASSERT_BACKENDS = (
+    "import lltm_core; names = sorted(r['name'] for r in lltm_core.backend_report()); "
+    "assert names == {expect}, names; assert lltm_core.available_backends() == {expect}; print('backends:', names)"
+)

@@ -1,0 +1,50 @@
+"""Run by `nox -s wheels` in a venv that installed lltm-core and lltm-cpu from wheels by name."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+import lltm_core
+
+SOURCE_TREE = Path(__file__).resolve().parents[2]
+
+
+def test_packages_come_from_site_packages_not_the_source_tree():
+    import lltm_cpu
+    import lltm_ref
+
+    for module in (lltm_core, lltm_ref, lltm_cpu):
+        assert SOURCE_TREE not in Path(module.__file__).resolve().parents, module.__file__
+
+
+def test_info_shows_installed_backends_with_versions():
+    out = subprocess.run([sys.executable, "-m", "lltm_core", "info", "--json"], check=True, capture_output=True, text=True)
+    data = json.loads(out.stdout)
+    version = (SOURCE_TREE / "VERSION").read_text().strip()
+    rows = {b["name"]: b for b in data["backends"]}
+    assert rows["cpu"]["distribution"] == "lltm-cpu" and rows["cpu"]["version"] == version
+    assert rows["ref"]["distribution"] == "lltm-ref" and rows["ref"]["version"] == version
+    assert rows["cpu"]["status"] == "available", rows["cpu"]
+    chosen = {(s["device"], s["dtype"]): s["backend"] for s in data["selection"]}
+    assert chosen[("cpu", "float32")] == "cpu" and chosen[("cpu", "float64")] == "cpu"
+
+
+def test_wheel_metadata_pins_the_torch_it_was_built_against():
+    from importlib.metadata import requires
+
+    reqs = requires("lltm-cpu")
+    built = torch.__version__.split("+")[0]
+    assert f"torch=={built}" in [r.replace(" ", "") for r in reqs], reqs
+
+
+def test_the_kit_passes_from_the_installed_wheels():
+    subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--pyargs", "lltm_core.testing",
+         "--lltm-backend", "cpu", "-k", "matches_reference or gradcheck"],
+        check=True,
+    )

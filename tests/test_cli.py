@@ -1,0 +1,83 @@
+"""`lltm info` and `lltm bench`, run as a user runs them."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+import lltm_core
+from lltm_core.cli import main
+
+
+def _lltm(*args, env=None):
+    return subprocess.run([sys.executable, "-m", "lltm_core", *args], capture_output=True, text=True,
+                          env={**os.environ, **(env or {})})
+
+
+def test_info_lists_backends_and_explains_the_choice():
+    out = _lltm("info")
+    assert out.returncode == 0, out.stderr
+    text = out.stdout
+    assert "lltm-core" in text and "torch" in text
+    ref_row = next(line.split() for line in text.splitlines() if line.split()[:1] == ["ref"])
+    assert ref_row[1:4] == ["lltm-ref", lltm_core.__version__, "available"], ref_row
+    assert "Selection" in text
+    pinned = _lltm("info", env={"LLTM_BACKEND": "ref"}).stdout
+    assert "Environment: LLTM_BACKEND=ref" in pinned
+    assert "asked for by LLTM_BACKEND=ref" in pinned
+
+
+def test_info_json_reports_unavailable_backends_with_reasons(fake_backends, capsys):
+    fake_backends("lltm-fake", {"nogpu": "nogpu"})
+    assert main(["info", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    rows = {b["name"]: b for b in data["backends"]}
+    assert rows["nogpu"]["status"] == "unavailable" and rows["nogpu"]["reason"] == "no CUDA device visible"
+    assert rows["ref"]["status"] == "available"
+    assert {"device": "cpu", "dtype": "float64"}.items() <= next(
+        s for s in data["selection"] if s["dtype"] == "float64").items()
+
+
+def test_bench_json_times_each_backend_beside_the_peers():
+    out = _lltm("bench", "--json", "--iterations", "20", "--size", "3,4,5")
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    rows = {r["candidate"]: r for r in data["results"]}
+    assert {"eager (seed module)", "torch.compile (seed module)"} <= rows.keys()
+    for name in lltm_core.available_backends():
+        r = rows[name]
+        assert r["status"] == "ok" and r["calls"] >= 20
+        assert r["forward_us"]["median"] > 0 and r["backward_us"]["median"] > 0
+        assert r["speedup_vs_eager"]["forward"] > 0 and r["speedup_vs_compile"]["backward"] > 0
+
+
+def test_bench_reports_a_wrong_backend_as_failing_and_does_not_time_it(fake_backends, capsys):
+    fake_backends("lltm-fake", {"wrong": "wrong"})
+    code = main(["bench", "--backend", "wrong", "--backend", "ref", "--iterations", "10", "--no-compile", "--size", "3,4,5"])
+    out = capsys.readouterr().out
+    assert code == 1
+    wrong_line = next(line for line in out.splitlines() if line.strip().startswith("wrong"))
+    assert "FAILED" in wrong_line and "grad_weights rel. error" in wrong_line
+    ref_line = next(line for line in out.splitlines() if line.strip().startswith("ref"))
+    assert "x /" in ref_line  # timed, with speed-ups
+
+
+def test_bench_names_an_unusable_backend(capsys):
+    code = main(["bench", "--backend", "nosuch", "--iterations", "10", "--no-compile", "--size", "2,2,2"])
+    assert code == 1
+    assert "'nosuch'" in capsys.readouterr().out
+
+
+def test_bench_rejects_a_bad_size():
+    with pytest.raises(SystemExit, match="--size takes B,I,S"):
+        main(["bench", "--size", "16,32"])
+
+
+def test_bench_plot_without_matplotlib_says_what_to_install(monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    with pytest.raises(SystemExit, match="pip install matplotlib"):
+        main(["bench", "--iterations", "10", "--no-compile", "--size", "2,2,2", "--plot", str(tmp_path / "x.png")])
