@@ -1,0 +1,293 @@
+// CUDA implementations of lltm_cuda::forward and lltm_cuda::backward.
+//
+// Each direction is cuBLAS GEMMs (through ATen, so allow_tf32 and the current
+// stream are honoured) plus ONE fused pointwise kernel.
+//
+// What forward saves, and why: X = cat([old_h, input]) (grad_weights needs
+// it), the pre-activation gates (B, 3S) and tanh(new_cell) (B, S).  The gates
+// buffer is the GEMM's own output, so keeping it costs no memory traffic; the
+// backward recomputes sigmoid/elu from it, which is free in a memory-bound
+// kernel.  Saving the activations instead would add 3S writes per row to the
+// forward and save nothing in the backward (it reads 3S values either way).
+// The backward also needs the new cell, which cannot be saved by reference
+// (new_cell is an output and outputs may not alias) and cannot be rebuilt
+// without a copy of old_cell: writing tanh(new_cell), S values per row, is
+// the cheapest way to keep it, and spares the backward a tanh.
+#include <ATen/Dispatch.h>
+#include <ATen/OpMathType.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/addmm.h>
+#include <ATen/ops/cat.h>
+#include <ATen/ops/empty_like.h>
+#include <ATen/ops/mm.h>
+#include <ATen/ops/sum.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <initializer_list>
+#include <tuple>
+#include <type_traits>
+
+namespace {
+
+constexpr int kThreadsPerBlock = 256;
+constexpr int kVectorBytes = 16;  // the widest single load/store a thread can issue
+
+// VEC consecutive elements moved as one aligned access.
+template <typename T, int VEC>
+struct alignas(sizeof(T) * VEC) Vec {
+  T v[VEC];
+};
+
+template <int VEC, typename T>
+__device__ __forceinline__ Vec<T, VEC> load(const T* p) {
+  return *reinterpret_cast<const Vec<T, VEC>*>(p);
+}
+
+template <int VEC, typename T>
+__device__ __forceinline__ void store(T* p, const Vec<T, VEC>& value) {
+  *reinterpret_cast<Vec<T, VEC>*>(p) = value;
+}
+
+// Math in T itself (float or double): no float literal or float-only function
+// may round a double computation, or float64 gradcheck fails.
+template <typename T>
+__device__ __forceinline__ T sigmoid(T x) {
+  return T(1) / (T(1) + std::exp(-x));
+}
+
+template <typename T>
+__device__ __forceinline__ T elu(T x) {
+  return x > T(0) ? x : std::expm1(x);
+}
+
+template <typename T>
+__device__ __forceinline__ T elu_derivative(T x) {
+  return x > T(0) ? T(1) : std::exp(x);
+}
+
+// Element e = row * S + col of a (B, S) tensor sits at gates[row * 3S + col]
+// in the first gate chunk (+S, +2S for the others).
+__device__ __forceinline__ int64_t gate_offset(int64_t e, int64_t state_size) {
+  return e + 2 * (e / state_size) * state_size;
+}
+
+// Thread t handles elements [t*VEC, t*VEC + VEC), then strides by the whole
+// grid.  When VEC > 1, S is a multiple of VEC, so a vector never crosses a row.
+template <typename scalar_t, int VEC>
+__global__ void lltm_forward_kernel(
+    const scalar_t* __restrict__ gates, const scalar_t* __restrict__ old_cell, scalar_t* __restrict__ new_h,
+    scalar_t* __restrict__ new_cell, scalar_t* __restrict__ tanh_cell, int64_t numel, int64_t state_size) {
+  using opmath_t = at::opmath_type<scalar_t>;
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x * VEC;
+  for (int64_t e = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) * VEC; e < numel; e += stride) {
+    const int64_t g = gate_offset(e, state_size);
+    const auto pre_i = load<VEC>(gates + g);
+    const auto pre_o = load<VEC>(gates + g + state_size);
+    const auto pre_z = load<VEC>(gates + g + 2 * state_size);
+    const auto cell_in = load<VEC>(old_cell + e);
+    Vec<scalar_t, VEC> h, c, t;
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) {
+      const opmath_t cell =
+          opmath_t(cell_in.v[k]) + elu(opmath_t(pre_z.v[k])) * sigmoid(opmath_t(pre_i.v[k]));
+      const opmath_t tanh_c = std::tanh(cell);
+      c.v[k] = cell;
+      t.v[k] = tanh_c;
+      h.v[k] = tanh_c * sigmoid(opmath_t(pre_o.v[k]));
+    }
+    store<VEC>(new_h + e, h);
+    store<VEC>(new_cell + e, c);
+    store<VEC>(tanh_cell + e, t);
+  }
+}
+
+template <typename scalar_t, int VEC>
+__global__ void lltm_backward_kernel(
+    const scalar_t* __restrict__ grad_h, const scalar_t* __restrict__ grad_cell, const scalar_t* __restrict__ gates,
+    const scalar_t* __restrict__ tanh_cell, scalar_t* __restrict__ d_gates, scalar_t* __restrict__ grad_old_cell,
+    int64_t numel, int64_t state_size) {
+  using opmath_t = at::opmath_type<scalar_t>;
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x * VEC;
+  for (int64_t e = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) * VEC; e < numel; e += stride) {
+    const int64_t g = gate_offset(e, state_size);
+    const auto pre_i = load<VEC>(gates + g);
+    const auto pre_o = load<VEC>(gates + g + state_size);
+    const auto pre_z = load<VEC>(gates + g + 2 * state_size);
+    const auto tanh_c = load<VEC>(tanh_cell + e);
+    const auto dh = load<VEC>(grad_h + e);
+    const auto dc = load<VEC>(grad_cell + e);
+    Vec<scalar_t, VEC> d_i, d_o, d_z, d_cell_out;
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) {
+      const opmath_t i = sigmoid(opmath_t(pre_i.v[k]));
+      const opmath_t o = sigmoid(opmath_t(pre_o.v[k]));
+      const opmath_t u = pre_z.v[k];
+      const opmath_t t = tanh_c.v[k];
+      const opmath_t grad_new_h = dh.v[k];
+      // new_h = tanh(new_cell) * o, new_cell = old_cell + elu(u) * i
+      const opmath_t d_cell = (opmath_t(1) - t * t) * o * grad_new_h + opmath_t(dc.v[k]);
+      d_i.v[k] = elu(u) * d_cell * i * (opmath_t(1) - i);
+      d_o.v[k] = t * grad_new_h * o * (opmath_t(1) - o);
+      d_z.v[k] = i * d_cell * elu_derivative(u);
+      d_cell_out.v[k] = d_cell;
+    }
+    store<VEC>(d_gates + g, d_i);
+    store<VEC>(d_gates + g + state_size, d_o);
+    store<VEC>(d_gates + g + 2 * state_size, d_z);
+    store<VEC>(grad_old_cell + e, d_cell_out);
+  }
+}
+
+// One full wave: as many blocks as fit on the GPU at once at this kernel's
+// occupancy (its register use decides it), so no partial second wave idles
+// part of the chip; the grid-stride loops cover the rest of the work.
+template <typename Kernel>
+int64_t grid_size(Kernel kernel, int64_t work_items) {
+  int device = 0, multiprocessors = 0, blocks_per_multiprocessor = 0;
+  C10_CUDA_CHECK(cudaGetDevice(&device));
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&multiprocessors, cudaDevAttrMultiProcessorCount, device));
+  const int64_t needed = (work_items + kThreadsPerBlock - 1) / kThreadsPerBlock;
+  if (needed <= multiprocessors) {
+    return needed;  // one block per multiprocessor at most: no need to ask (and pay for) the occupancy
+  }
+  C10_CUDA_CHECK(
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_multiprocessor, kernel, kThreadsPerBlock, 0));
+  return std::min(needed, int64_t(multiprocessors) * blocks_per_multiprocessor);
+}
+
+// Calls launch(std::integral_constant<int, VEC>) with VEC = 16 bytes of
+// elements when S is a multiple of that and every pointer is 16-byte aligned
+// (an input may be a view at an odd offset), else with VEC = 1.
+template <typename scalar_t, typename Launch>
+void launch_pointwise(int64_t numel, int64_t state_size, std::initializer_list<const void*> pointers, Launch&& launch) {
+  constexpr int kVec = kVectorBytes / sizeof(scalar_t);
+  if (numel == 0) {
+    return;
+  }
+  const bool aligned = state_size % kVec == 0 && std::all_of(pointers.begin(), pointers.end(), [](const void* p) {
+                         return reinterpret_cast<std::uintptr_t>(p) % kVectorBytes == 0;
+                       });
+  if (aligned) {
+    launch(std::integral_constant<int, kVec>{});
+  } else {
+    launch(std::integral_constant<int, 1>{});
+  }
+}
+
+struct Arg {
+  const at::Tensor& tensor;
+  const char* name;
+};
+
+// lltm-core checks every call before it gets here; these checks keep direct
+// calls of torch.ops.lltm_cuda.* from reading out of bounds.
+void check_args(const char* op, std::initializer_list<Arg> args) {
+  const at::Tensor& first = args.begin()->tensor;
+  for (const Arg& arg : args) {
+    TORCH_CHECK(arg.tensor.is_cuda(), op, ": ", arg.name, " must be a CUDA tensor, got one on ", arg.tensor.device());
+    TORCH_CHECK(arg.tensor.device() == first.device(), op, ": ", arg.name, " is on ", arg.tensor.device(),
+                ", expected ", first.device(), " (the device of ", args.begin()->name, ")");
+    TORCH_CHECK(arg.tensor.scalar_type() == first.scalar_type(), op, ": ", arg.name, " has dtype ",
+                arg.tensor.scalar_type(), ", expected ", first.scalar_type(), " (the dtype of ", args.begin()->name, ")");
+    TORCH_CHECK(arg.tensor.is_contiguous(), op, ": ", arg.name, " must be contiguous");
+  }
+}
+
+void check_shape(const char* op, const Arg& arg, c10::IntArrayRef expected) {
+  TORCH_CHECK(arg.tensor.sizes() == expected, op, ": ", arg.name, " has shape ", arg.tensor.sizes(), ", expected ",
+              expected);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> lltm_forward_cuda(
+    const at::Tensor& input, const at::Tensor& weights, const at::Tensor& bias, const at::Tensor& old_h,
+    const at::Tensor& old_cell) {
+  constexpr const char* op = "lltm_cuda::forward";
+  check_args(op, {{input, "input"}, {weights, "weights"}, {bias, "bias"}, {old_h, "old_h"}, {old_cell, "old_cell"}});
+  TORCH_CHECK(input.dim() == 2, op, ": input must be 2-D (batch, input_features), got shape ", input.sizes());
+  TORCH_CHECK(old_h.dim() == 2, op, ": old_h must be 2-D (batch, state_size), got shape ", old_h.sizes());
+  const int64_t batch = input.size(0), state_size = old_h.size(1);
+  check_shape(op, {weights, "weights"}, {3 * state_size, state_size + input.size(1)});
+  check_shape(op, {bias, "bias"}, {3 * state_size});
+  check_shape(op, {old_h, "old_h"}, {batch, state_size});
+  check_shape(op, {old_cell, "old_cell"}, {batch, state_size});
+
+  const c10::cuda::CUDAGuard device_guard(input.device());
+  at::Tensor X = at::cat({old_h, input}, 1);
+  at::Tensor gates = at::addmm(bias, X, weights.t());
+  at::Tensor new_h = at::empty_like(old_cell);
+  at::Tensor new_cell = at::empty_like(old_cell);
+  at::Tensor tanh_cell = at::empty_like(old_cell);
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  const int64_t numel = old_cell.numel();
+
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, gates.scalar_type(), "lltm_cuda::forward", [&] {
+    launch_pointwise<scalar_t>(
+        numel, state_size,
+        {gates.const_data_ptr(), old_cell.const_data_ptr(), new_h.const_data_ptr(), new_cell.const_data_ptr(),
+         tanh_cell.const_data_ptr()},
+        [&](auto vec) {
+          constexpr int VEC = decltype(vec)::value;
+          const auto kernel = lltm_forward_kernel<scalar_t, VEC>;
+          kernel<<<grid_size(kernel, numel / VEC), kThreadsPerBlock, 0, stream>>>(
+              gates.const_data_ptr<scalar_t>(), old_cell.const_data_ptr<scalar_t>(),
+              new_h.mutable_data_ptr<scalar_t>(), new_cell.mutable_data_ptr<scalar_t>(),
+              tanh_cell.mutable_data_ptr<scalar_t>(), numel, state_size);
+          C10_CUDA_KERNEL_LAUNCH_CHECK();
+        });
+  });
+  return {new_h, new_cell, X, gates, tanh_cell};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> lltm_backward_cuda(
+    const at::Tensor& grad_h, const at::Tensor& grad_cell, const at::Tensor& weights, const at::Tensor& X,
+    const at::Tensor& gates, const at::Tensor& tanh_cell) {
+  constexpr const char* op = "lltm_cuda::backward";
+  check_args(op, {{grad_h, "grad_h"}, {grad_cell, "grad_cell"}, {weights, "weights"}, {X, "X"}, {gates, "gates"},
+                  {tanh_cell, "tanh_cell"}});
+  TORCH_CHECK(grad_h.dim() == 2, op, ": grad_h must be 2-D (batch, state_size), got shape ", grad_h.sizes());
+  TORCH_CHECK(weights.dim() == 2, op, ": weights must be 2-D (3 * state_size, state_size + input_features), got shape ",
+              weights.sizes());
+  const int64_t batch = grad_h.size(0), state_size = grad_h.size(1);
+  check_shape(op, {grad_cell, "grad_cell"}, {batch, state_size});
+  check_shape(op, {tanh_cell, "tanh_cell"}, {batch, state_size});
+  check_shape(op, {gates, "gates"}, {batch, 3 * state_size});
+  check_shape(op, {weights, "weights"}, {3 * state_size, weights.size(1)});
+  check_shape(op, {X, "X"}, {batch, weights.size(1)});
+
+  const c10::cuda::CUDAGuard device_guard(gates.device());
+  at::Tensor d_gates = at::empty_like(gates);
+  at::Tensor grad_old_cell = at::empty_like(tanh_cell);
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  const int64_t numel = tanh_cell.numel();
+
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, gates.scalar_type(), "lltm_cuda::backward", [&] {
+    launch_pointwise<scalar_t>(
+        numel, state_size,
+        {grad_h.const_data_ptr(), grad_cell.const_data_ptr(), gates.const_data_ptr(), tanh_cell.const_data_ptr(),
+         d_gates.const_data_ptr(), grad_old_cell.const_data_ptr()},
+        [&](auto vec) {
+          constexpr int VEC = decltype(vec)::value;
+          const auto kernel = lltm_backward_kernel<scalar_t, VEC>;
+          kernel<<<grid_size(kernel, numel / VEC), kThreadsPerBlock, 0, stream>>>(
+              grad_h.const_data_ptr<scalar_t>(), grad_cell.const_data_ptr<scalar_t>(),
+              gates.const_data_ptr<scalar_t>(), tanh_cell.const_data_ptr<scalar_t>(),
+              d_gates.mutable_data_ptr<scalar_t>(), grad_old_cell.mutable_data_ptr<scalar_t>(), numel, state_size);
+          C10_CUDA_KERNEL_LAUNCH_CHECK();
+        });
+  });
+  // d_gates is (B, 3S): grad_X = d_gates @ W, grad_W = d_gates^T @ X, grad_bias = column sums.
+  return {at::mm(d_gates, weights), at::mm(d_gates.t(), X), d_gates.sum(0), grad_old_cell};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(lltm_cuda, CUDA, m) {
+  m.impl("forward", &lltm_forward_cuda);
+  m.impl("backward", &lltm_backward_cuda);
+}

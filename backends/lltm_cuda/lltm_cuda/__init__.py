@@ -1,0 +1,85 @@
+"""lltm-cuda: the LLTM on CUDA, with one fused pointwise kernel per direction.
+
+The GEMMs go through cuBLAS (ATen's addmm/mm); the kernels live in
+``csrc/cuda/lltm_kernels.cu`` and are registered as ``torch.ops.lltm_cuda.*``
+when the compiled library ``lltm_cuda._C`` is imported.  Nothing is loaded at
+``import lltm_cuda``: :func:`load_backend`, called by lltm-core, first checks
+that the library can run here and reports why not instead of crashing.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import _build_info
+
+__all__ = ["saved_layout", "unavailable_reason", "load_backend"]
+
+DISTRIBUTION = "lltm-cuda"
+
+
+def saved_layout(batch: int, input_features: int, state_size: int) -> dict:
+    # csrc/cuda/lltm_kernels.cu explains the choice: the gates are the GEMM's
+    # own output (free to keep), tanh_cell the one extra write.
+    return {
+        "X": (batch, state_size + input_features),  # cat([old_h, input]), for grad_weights
+        "gates": (batch, 3 * state_size),  # pre-activation gates; the backward recomputes i, o, elu(z)
+        "tanh_cell": (batch, state_size),  # tanh(new_cell)
+    }
+
+
+def _load_library() -> None:
+    from . import _C  # noqa: F401  (importing runs the operator registrations)
+
+
+def unavailable_reason() -> str | None:
+    """None if the kernels can run here, else why not and what to do, most fundamental first."""
+    from lltm_core.extension import torch_mismatch
+
+    # Before loading the library: one built for another torch may crash the process.
+    mismatch = torch_mismatch(_build_info.TORCH_VERSION, DISTRIBUTION)
+    if mismatch is not None:
+        return mismatch
+    if torch.version.cuda is None:
+        return (
+            f"the running torch {torch.__version__} is a CPU-only build: install the CUDA build "
+            f"lltm-cuda was built for, torch {_build_info.TORCH_VERSION}"
+        )
+    if not torch.cuda.is_available():
+        return "no CUDA device visible (torch.cuda.is_available() is False: no GPU, no driver, or CUDA_VISIBLE_DEVICES hides it)"
+    try:
+        _load_library()
+    except (ImportError, OSError) as exc:
+        return f"the compiled library lltm_cuda._C failed to load: {exc}"
+    return None
+
+
+def _not_runnable(reason: str):
+    def kernel(*args):
+        raise RuntimeError(f"lltm backend 'cuda' is unavailable: {reason}")
+
+    return kernel
+
+
+def load_backend():
+    from lltm_core.backend import Backend
+
+    reason = unavailable_reason()
+    if reason is None:
+        # The registered C++ operators themselves: no Python frame per call.
+        forward, backward = torch.ops.lltm_cuda.forward.default, torch.ops.lltm_cuda.backward.default
+    else:
+        forward = backward = _not_runnable(reason)
+    return Backend(
+        name="cuda",
+        forward=forward,
+        backward=backward,
+        saved_layout=saved_layout,
+        devices=frozenset({"cuda"}),
+        # float16 and bfloat16 are stored as such and computed in float32.
+        dtypes=frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64}),
+        priority=100,
+        interface_versions=(1,),
+        availability=lambda: reason,
+        description=f"fused CUDA kernels + cuBLAS (built for torch {_build_info.TORCH_VERSION}, arch {_build_info.ARCH_LIST})",
+    )

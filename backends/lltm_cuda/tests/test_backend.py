@@ -1,0 +1,87 @@
+"""The backend as lltm-core sees it: metadata, and why it is unavailable. GPU-free."""
+
+from __future__ import annotations
+
+from importlib import metadata
+
+import pytest
+import torch
+
+lltm_cuda = pytest.importorskip("lltm_cuda", reason="lltm-cuda is not installed (building it needs the CUDA toolkit)")
+lltm_core = pytest.importorskip("lltm_core")
+from lltm_cuda import _build_info  # noqa: E402
+
+
+def test_entry_point():
+    (ep,) = [ep for ep in metadata.entry_points(group="lltm.backends") if ep.name == "cuda"]
+    assert ep.value == "lltm_cuda:load_backend"
+
+
+def test_backend_metadata():
+    backend = lltm_cuda.load_backend()
+    assert backend.name == "cuda"
+    assert backend.priority == 100
+    assert backend.devices == {"cuda"}
+    assert backend.dtypes == {torch.float16, torch.bfloat16, torch.float32, torch.float64}
+    assert lltm_core.INTERFACE_VERSION in backend.interface_versions
+    assert backend.saved_layout(2, 3, 5) == {"X": (2, 8), "gates": (2, 15), "tanh_cell": (2, 5)}
+
+
+def _fake_runtime(monkeypatch, *, version=None, cuda="13.0", device=True, load_error=None):
+    """Make the running torch look like another one, so every branch runs on any machine."""
+    monkeypatch.setattr(torch, "__version__", version or _build_info.TORCH_VERSION)
+    monkeypatch.setattr(torch.version, "cuda", cuda)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: device)
+
+    def load_library():
+        if load_error is not None:
+            raise load_error
+
+    monkeypatch.setattr(lltm_cuda, "_load_library", load_library)
+
+
+def test_built_for_another_torch(monkeypatch):
+    # Checked first: it is the one case where loading the library could crash the process.
+    _fake_runtime(monkeypatch, version="2.13.0+cpu", cuda=None, device=False, load_error=OSError("must not load"))
+    reason = lltm_cuda.unavailable_reason()
+    assert reason.startswith(f"built for torch {_build_info.TORCH_VERSION}, running 2.13.0+cpu: rebuild lltm-cuda")
+
+
+def test_cpu_only_torch(monkeypatch):
+    _fake_runtime(monkeypatch, cuda=None, device=False)
+    assert "is a CPU-only build" in lltm_cuda.unavailable_reason()
+
+
+def test_no_device(monkeypatch):
+    _fake_runtime(monkeypatch, device=False)
+    assert lltm_cuda.unavailable_reason().startswith("no CUDA device visible")
+
+
+def test_library_fails_to_load(monkeypatch):
+    _fake_runtime(monkeypatch, load_error=OSError("libcudart.so.13: cannot open shared object file"))
+    reason = lltm_cuda.unavailable_reason()
+    assert reason.startswith("the compiled library lltm_cuda._C failed to load") and "libcudart.so.13" in reason
+
+
+def test_available(monkeypatch):
+    _fake_runtime(monkeypatch)
+    assert lltm_cuda.unavailable_reason() is None
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA device is visible")
+def test_lltm_core_reports_the_reason():
+    lltm_core.refresh()
+    (entry,) = [r for r in lltm_core.backend_report() if r["name"] == "cuda"]
+    assert entry["status"] == "unavailable"
+    assert entry["reason"] == lltm_cuda.unavailable_reason()
+    inputs = [torch.zeros(shape) for shape in [(1, 2), (3, 3), (3,), (1, 1), (1, 1)]]
+    with pytest.raises(lltm_core.BackendError, match="'cuda'.*unavailable"):
+        lltm_core.lltm(*inputs, backend="cuda")
+
+
+def test_unavailable_kernels_say_why(monkeypatch):
+    _fake_runtime(monkeypatch, device=False)
+    backend = lltm_cuda.load_backend()
+    assert backend.availability() == lltm_cuda.unavailable_reason()
+    with pytest.raises(RuntimeError, match="no CUDA device visible"):
+        backend.forward()

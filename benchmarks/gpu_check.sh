@@ -1,0 +1,115 @@
+#!/usr/bin/env bash
+# Every GPU check of lltm-cuda in one run, sized for one device call (about 8 minutes):
+# build lltm-core, lltm-ref and lltm-cuda from this tree against the machine's torch,
+# run the conformance kit on CUDA in all four dtypes, lltm-cuda's own GPU tests, and
+# benchmarks/bench_gpu.py.
+#
+#   OUT=/some/dir bash benchmarks/gpu_check.sh      (from anywhere; OUT defaults to a temp dir)
+#
+# Writes $OUT/h200.log (everything printed) and $OUT/h200.md (the report to commit as
+# benchmarks/results/h200.md).  Needs only what a CUDA image has: python3 with a CUDA
+# build of torch, nvcc, ninja, pytest; nothing from the network.
+#
+# Environment: PYTHON (default python3), TORCH_CUDA_ARCH_LIST (default 9.0: one
+# architecture keeps the build short), GPU_CHECK_SECONDS (default 480: the whole run's
+# budget; each step gets at most what is left), DRY_RUN=1 (go on without a GPU, to try
+# every step on a CPU machine: the GPU tests and the benchmark then skip).
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+export OUT=${OUT:-$(mktemp -d)}
+mkdir -p "$OUT"
+if [[ -z ${GPU_CHECK_LOGGING:-} ]]; then  # run the rest under tee, in one shell
+    GPU_CHECK_LOGGING=1 bash "$0" 2>&1 | tee "$OUT/h200.log"
+    exit "${PIPESTATUS[0]}"
+fi
+
+PYTHON=${PYTHON:-python3}
+BUDGET=${GPU_CHECK_SECONDS:-480}
+export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0}
+export MAX_JOBS=${MAX_JOBS:-$(nproc)}
+export PYTHONUNBUFFERED=1
+# torch guesses the toolkit root from `which nvcc`, which is wrong for a wrapper script.
+if [[ -z ${CUDA_HOME:-} && -x /usr/local/cuda/bin/nvcc ]]; then
+    export CUDA_HOME=/usr/local/cuda
+fi
+NVCC=${CUDA_HOME:+$CUDA_HOME/bin/}nvcc
+STEP_LOGS=$(mktemp -d)  # not under $OUT: only a few files may come back from there
+RESULTS=()
+
+# step NAME LIMIT CMD...: run CMD for at most LIMIT seconds (less if the budget is
+# nearly spent), record its outcome and last line; returns CMD's success.
+step() {
+    local name=$1 limit=$2 start=$SECONDS status
+    shift 2
+    local left=$((BUDGET - SECONDS))
+    ((left < limit)) && limit=$left
+    echo
+    echo "=== $name (at most ${limit}s) ==="
+    if ((limit <= 0)); then
+        RESULTS+=("| $name | not run: out of time | 0 | |")
+        return 1
+    fi
+    if timeout --kill-after=10 "$limit" "$@" 2>&1 | tee "$STEP_LOGS/$name.log"; then
+        status=pass
+    else
+        status="FAIL (exit $?)"
+        [[ $status == "FAIL (exit 124)" ]] && status="FAIL (timed out after ${limit}s)"
+    fi
+    RESULTS+=("| $name | $status | $((SECONDS - start)) | $(tail -n 1 "$STEP_LOGS/$name.log" | tr -d '|=' | sed 's/^ *//; s/ *$//') |")
+    [[ $status == pass ]]
+}
+
+environment() {
+    date -u +"%Y-%m-%d %H:%M UTC"
+    nvidia-smi || echo "nvidia-smi: not available"
+    "$NVCC" --version || echo "$NVCC: not found (CUDA_HOME=${CUDA_HOME:-unset})"
+    "$PYTHON" -c 'import sys, torch; print("python", sys.version.split()[0], "| torch", torch.__version__, "| CUDA", torch.version.cuda, "| GPU visible:", torch.cuda.is_available())'
+}
+
+checks() {
+    environment
+    if ! "$PYTHON" -c 'import sys, torch; sys.exit(not torch.cuda.is_available())'; then
+        if [[ ${DRY_RUN:-0} != 1 ]]; then
+            echo "gpu_check.sh: no CUDA device visible to $PYTHON's torch: run this on the GPU machine (DRY_RUN=1 tries every step anyway)."
+            return 2
+        fi
+        echo "DRY_RUN=1: no GPU; going on, the GPU tests and the benchmark will skip."
+    fi
+    # Without the three packages nothing else can run.
+    step build 200 "$PYTHON" -m pip install --no-build-isolation --no-deps --no-index \
+        . ./backends/lltm_ref ./backends/lltm_cuda || return 1
+    step conformance-kit 150 "$PYTHON" -m pytest -p no:cacheprovider -q -rs --pyargs lltm_core.testing \
+        --lltm-backend cuda --lltm-device cuda \
+        --lltm-dtype float32 --lltm-dtype float64 --lltm-dtype float16 --lltm-dtype bfloat16 || true
+    step gpu-tests 90 "$PYTHON" -m pytest -p no:cacheprovider -q -rs backends/lltm_cuda/tests || true
+    step benchmark 150 "$PYTHON" benchmarks/bench_gpu.py --markdown "$STEP_LOGS/bench.md" || true
+    [[ ${RESULTS[*]} != *FAIL* ]]
+}
+
+report() {
+    local gpu
+    gpu=$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -n 1 || true)
+    gpu=${gpu:-no GPU, none}
+    echo "# lltm-cuda GPU check: ${gpu%%,*}"
+    echo
+    echo "Command: \`bash benchmarks/gpu_check.sh\` (TORCH_CUDA_ARCH_LIST=$TORCH_CUDA_ARCH_LIST), $(date -u +"%Y-%m-%d %H:%M UTC")."
+    echo "$("$PYTHON" -c 'import torch; print(f"torch {torch.__version__} (CUDA {torch.version.cuda})")' 2>&1)," \
+        "nvcc $("$NVCC" --version 2>/dev/null | grep -o 'release [0-9.]*' || echo '?'), driver ${gpu#*, }."
+    echo
+    echo "| step | result | seconds | last line |"
+    echo "| --- | --- | --- | --- |"
+    printf '%s\n' "${RESULTS[@]}"
+    if [[ -f $STEP_LOGS/bench.md ]]; then
+        echo
+        echo "## Benchmark (benchmarks/bench_gpu.py)"
+        echo
+        cat "$STEP_LOGS/bench.md"
+    fi
+}
+
+status=0
+checks || status=$?
+report | tee "$OUT/h200.md"
+echo "gpu_check.sh: exit $status; log and report in $OUT"
+exit "$status"
