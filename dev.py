@@ -49,13 +49,25 @@ def _sources_digest() -> str:
     return h.hexdigest()
 
 
+def _create_venv() -> None:
+    if not PY.exists():
+        print(f"creating {VENV.relative_to(ROOT)}/", flush=True)
+        venv.EnvBuilder(with_pip=True).create(VENV)
+
+
+def ensure_nox() -> None:
+    """`test` needs only nox here: every nox session makes its own fresh venv."""
+    _create_venv()
+    if not (BIN / "nox").exists():
+        _run(PY, "-m", "pip", "install", "-q", "nox")
+
+
 def ensure_venv() -> None:
     digest = _sources_digest()
     if STAMP.exists() and STAMP.read_text() == digest:
         return
-    if not PY.exists():
-        print(f"creating {VENV.relative_to(ROOT)}/ (first run: installs torch 2.13.0 CPU, about a minute)", flush=True)
-        venv.EnvBuilder(with_pip=True).create(VENV)
+    _create_venv()
+    print("installing torch 2.13.0 (CPU) and building lltm-core, lltm-ref, lltm-cpu into .venv/", flush=True)
     _run(PY, "-m", "pip", "install", "-q", *TOOLS)
     editable = [arg for dist in DISTRIBUTIONS for arg in ("-e", dist)]
     env = {**os.environ, "MAX_JOBS": os.environ.get("MAX_JOBS", str(os.cpu_count() or 2))}
@@ -68,9 +80,10 @@ def main(argv: list[str]) -> int:
         print(__doc__)
         return 2
     command, rest = argv[0], argv[1:]
-    ensure_venv()
     if command == "test":
+        ensure_nox()
         return subprocess.run([str(BIN / "nox"), *rest], cwd=ROOT).returncode
+    ensure_venv()
     return subprocess.run([str(BIN / "lltm"), command, *rest], cwd=ROOT).returncode
 
 
