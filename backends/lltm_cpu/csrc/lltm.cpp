@@ -1,0 +1,27 @@
+// The lltm_cpu operator library: its schema, and the module init that lets
+// Python load it as lltm_cpu._C.  The CPU kernels are in cpu/lltm_kernels.cpp.
+#include <Python.h>  // first, as Python's C API requires
+
+#include <torch/library.h>
+
+// Importing lltm_cpu._C loads this library, which runs the TORCH_LIBRARY
+// registrations; the module itself is empty.  It is built against Python's
+// limited API, so one abi3 wheel serves every CPython >= 3.9 (pybind11 would
+// tie it to one Python version, and there is nothing to bind).
+PyMODINIT_FUNC PyInit__C(void) {
+  static PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_C", nullptr, -1, nullptr};
+  return PyModule_Create(&module_def);
+}
+
+// The signatures lltm_core's backend contract asks for (lltm_core/backend.py).
+// forward returns the two results, then what backward needs, in the order of
+// lltm_cpu.saved_layout.
+TORCH_LIBRARY(lltm_cpu, m) {
+  m.def(
+      "forward(Tensor input, Tensor weights, Tensor bias, Tensor old_h, Tensor old_cell)"
+      " -> (Tensor new_h, Tensor new_cell, Tensor X, Tensor gates, Tensor tanh_cell)");
+  m.def(
+      "backward(Tensor grad_new_h, Tensor grad_new_cell, Tensor weights,"
+      " Tensor X, Tensor gates, Tensor tanh_cell)"
+      " -> (Tensor grad_X, Tensor grad_weights, Tensor grad_bias, Tensor grad_old_cell)");
+}

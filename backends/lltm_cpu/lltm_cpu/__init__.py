@@ -1,0 +1,123 @@
+"""lltm-cpu: the LLTM step as fused, vectorised C++ kernels for CPU tensors.
+
+The kernels are the operators ``torch.ops.lltm_cpu.forward`` and
+``torch.ops.lltm_cpu.backward``, in the compiled library ``lltm_cpu._C``.
+lltm-core finds this backend through the ``lltm.backends`` entry point
+``cpu = lltm_cpu:load_backend``.
+
+With ``LLTM_CPU_JIT=1`` the library is instead compiled from this source tree
+on first use (torch.utils.cpp_extension.load, with ninja), for working on the
+C++ without reinstalling.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+from pathlib import Path
+
+import torch
+
+__all__ = ["forward", "backward", "saved_layout", "load_backend"]
+
+_DISTRIBUTION = "lltm-cpu"
+
+
+def saved_layout(batch: int, input_features: int, state_size: int) -> dict:
+    # Why these and not others: see csrc/cpu/lltm_kernels.cpp.
+    return {
+        "X": (batch, state_size + input_features),  # cat([old_h, input]), for grad_weights
+        "gates": (batch, 3 * state_size),  # [sigmoid(i) | sigmoid(o) | elu(z)]
+        "tanh_cell": (batch, state_size),  # tanh(new_cell)
+    }
+
+
+def forward(input, weights, bias, old_h, old_cell):
+    return torch.ops.lltm_cpu.forward(input, weights, bias, old_h, old_cell)
+
+
+def backward(grad_new_h, grad_new_cell, weights, X, gates, tanh_cell):
+    return torch.ops.lltm_cpu.backward(grad_new_h, grad_new_cell, weights, X, gates, tanh_cell)
+
+
+@functools.cache
+def _load_library() -> str | None:
+    """Registers the lltm_cpu operators; ``None`` on success, else why they are unusable."""
+    if os.environ.get("LLTM_CPU_JIT") == "1":
+        return _build_jit()
+    try:
+        from ._build_info import TORCH_VERSION
+    except ImportError:
+        return (
+            "lltm_cpu was never built (no lltm_cpu/_build_info.py): "
+            "pip install --no-build-isolation ./backends/lltm_cpu, or set LLTM_CPU_JIT=1"
+        )
+    from lltm_core.extension import torch_mismatch
+
+    # Checked before loading: a library built for another torch may crash on load.
+    mismatch = torch_mismatch(TORCH_VERSION, _DISTRIBUTION)
+    if mismatch is not None:
+        return mismatch
+    try:
+        from . import _C  # noqa: F401  (loading it registers the operators)
+    except ImportError as exc:
+        return f"cannot load the compiled kernels (lltm_cpu._C): {exc}"
+    return None
+
+
+def _build_jit() -> str | None:
+    from torch.utils import cpp_extension
+
+    from . import _build_config as config
+
+    root = Path(__file__).resolve().parent.parent
+    if not (root / "csrc").is_dir():
+        return f"LLTM_CPU_JIT=1 compiles the C++ sources of a source tree, and there are none in {root}/csrc"
+    if not cpp_extension.is_ninja_available():
+        return "LLTM_CPU_JIT=1 needs ninja to compile the kernels: pip install ninja"
+    compiler = os.environ.get("CXX", "c++")
+    if shutil.which(compiler) is None:
+        return f"LLTM_CPU_JIT=1 needs a C++ compiler: {compiler!r} was not found (install g++ or set CXX)"
+    try:
+        # load() gives all sources of a library one set of flags, so each
+        # instruction set's pointwise passes become a library of their own,
+        # which the main library then links.
+        isa_libraries = [
+            cpp_extension.load(
+                f"lltm_cpu_jit_{Path(source).stem}",
+                [str(root / source)],
+                extra_cflags=config.COMPILE_FLAGS + isa_flags,
+                extra_ldflags=config.LINK_FLAGS,
+                is_python_module=False,
+            )
+            for source, isa_flags in config.ISA_SOURCES.items()
+        ]
+        cpp_extension.load(
+            "lltm_cpu_jit",
+            [str(root / source) for source in config.SOURCES],
+            extra_cflags=config.COMPILE_FLAGS,
+            extra_ldflags=config.LINK_FLAGS + isa_libraries,
+            is_python_module=False,
+        )
+    except Exception as exc:  # a compile error must reach the user as the reason, not a crash
+        return f"LLTM_CPU_JIT=1 build failed: {type(exc).__name__}: {exc}"
+    return None
+
+
+def load_backend():
+    from lltm_core.backend import Backend
+
+    unavailable = _load_library()
+    return Backend(
+        name="cpu",
+        forward=forward,
+        backward=backward,
+        saved_layout=saved_layout,
+        devices=frozenset({"cpu"}),
+        dtypes=frozenset({torch.float32, torch.float64}),
+        priority=100,
+        interface_versions=(1,),
+        availability=lambda: unavailable,
+        description="fused C++ kernels, vectorised per CPU instruction set (AVX2, AVX-512)",
+    )

@@ -1,0 +1,66 @@
+import runpy
+from pathlib import Path
+
+import torch
+from setuptools import setup
+from torch.utils.cpp_extension import BuildExtension, CppExtension
+
+here = Path(__file__).resolve().parent
+# One version for every lltm distribution: the repository's VERSION file.
+version = (here.parents[1] / "VERSION").read_text().strip()
+config = runpy.run_path(str(here / "lltm_cpu" / "_build_config.py"))
+
+# The compiled library links against this torch's C++ ABI, so the package
+# requires exactly this torch and records it for the check at load time
+# (lltm_cpu._load_library).
+torch_version = torch.__version__.split("+")[0]  # public version: 2.13.0+cpu -> 2.13.0
+build_info = here / "lltm_cpu" / "_build_info.py"
+build_info_text = (
+    "# Written by setup.py: the torch lltm_cpu._C was compiled against.\n"
+    f"TORCH_VERSION = {str(torch.__version__)!r}\n"
+)
+if not build_info.exists() or build_info.read_text() != build_info_text:
+    build_info.write_text(build_info_text)
+
+
+class BuildExtensionPerISA(BuildExtension):
+    """BuildExtension, plus the per-instruction-set sources compiled with their own flags.
+
+    setuptools gives every source of an extension the same flags, so these are
+    compiled here and handed to the link as extra objects (after the others).
+    """
+
+    def build_extension(self, ext):
+        for source, isa_flags in config["ISA_SOURCES"].items():
+            ext.extra_objects += self.compiler.compile(
+                [source],
+                output_dir=self.build_temp,
+                macros=ext.define_macros,
+                include_dirs=ext.include_dirs,
+                extra_postargs={"cxx": ext.extra_compile_args["cxx"] + isa_flags},
+                depends=ext.depends,
+            )
+        super().build_extension(ext)
+
+
+setup(
+    name="lltm-cpu",
+    version=version,
+    description="Fused CPU kernels (vectorised C++) for the LLTM cell of lltm-core",
+    packages=["lltm_cpu"],
+    python_requires=">=3.9",
+    install_requires=[f"lltm-core=={version}", f"torch=={torch_version}"],
+    entry_points={"lltm.backends": ["cpu = lltm_cpu:load_backend"]},
+    ext_modules=[
+        CppExtension(
+            "lltm_cpu._C",
+            config["SOURCES"],
+            extra_compile_args={"cxx": config["COMPILE_FLAGS"]},
+            extra_link_args=config["LINK_FLAGS"],
+            # The library uses only the stable CPython ABI (see csrc/lltm.cpp).
+            py_limited_api=True,
+        )
+    ],
+    cmdclass={"build_ext": BuildExtensionPerISA.with_options(use_ninja=True)},
+    options={"bdist_wheel": {"py_limited_api": "cp39"}},
+)
