@@ -88,7 +88,8 @@ def lltm(input, weights, bias, old_h, old_cell, *, backend: str | Backend | None
         name = _traced_choice(input.device.type, input.dtype, backend)
         out = getattr(torch.ops.lltm, f"{name}_forward")(*args)
         return out[0], out[1]
-    return _autograd.apply_eager(_choose(input.device.type, input.dtype, backend), *args)
+    device_type = "cpu" if input.is_cpu else input.device.type  # .device builds an object: skip it for CPU
+    return _autograd.apply_eager(_choose(device_type, input.dtype, backend), *args)
 
 
 @torch.compiler.assume_constant_result

@@ -22,7 +22,6 @@ from __future__ import annotations
 import threading
 
 import torch
-from torch.autograd.function import once_differentiable
 
 from .backend import Backend
 
@@ -32,11 +31,12 @@ _BACKWARD_SCHEMA = "(Tensor grad_new_h, Tensor grad_new_cell, Tensor weights, Te
 
 def _split_grad_X(grad_X: torch.Tensor, state_size: int):
     """X = cat([old_h, input]) -> (grad_input, grad_old_h)."""
-    return grad_X[:, state_size:], grad_X[:, :state_size]
+    grad_old_h, grad_input = grad_X.split_with_sizes([state_size, grad_X.shape[1] - state_size], 1)
+    return grad_input, grad_old_h
 
 
 def _grad_or_zeros(grad, like):
-    return torch.zeros_like(like) if grad is None else grad.contiguous()
+    return torch.zeros_like(like) if grad is None else grad
 
 
 class _LLTMFunction(torch.autograd.Function):
@@ -48,14 +48,27 @@ class _LLTMFunction(torch.autograd.Function):
         return new_h, new_cell
 
     @staticmethod
-    @once_differentiable
     def backward(ctx, grad_new_h, grad_new_cell):
+        # Autograd runs a backward with grad mode on only for create_graph=True.
+        # Backend kernels have no derivatives of their own, so say so here
+        # (torch's once_differentiable does the same later, at ~9 us a call).
+        if torch.is_grad_enabled():
+            raise RuntimeError(
+                "lltm: double backward (create_graph=True through lltm) is not supported: "
+                "the backends' backward kernels are not differentiable"
+            )
         weights, *saved = ctx.saved_tensors
-        grad_X, grad_weights, grad_bias, grad_old_cell = ctx.backend.backward(
-            grad_new_h.contiguous(), grad_new_cell.contiguous(), weights, *saved
-        )
+        grad_X, grad_weights, grad_bias, grad_old_cell = ctx.backend.backward(grad_new_h, grad_new_cell, weights, *saved)
         grad_input, grad_old_h = _split_grad_X(grad_X, grad_old_cell.shape[1])
         return None, grad_input, grad_weights, grad_bias, grad_old_h, grad_old_cell
+
+
+# Function.apply's Python wrapper only adds support for functorch transforms
+# (vmap, grad), which this Function does not implement anyway (no
+# setup_context); skipping it saves about 10 us a call at the seed's size.
+# With a transform active we still go through it, so its error is the one seen.
+_apply_without_functorch = super(torch.autograd.Function, _LLTMFunction).apply
+_functorch_active = torch._C._are_functorch_transforms_active
 
 
 def apply_eager(backend: Backend, input, weights, bias, old_h, old_cell):
@@ -63,7 +76,9 @@ def apply_eager(backend: Backend, input, weights, bias, old_h, old_cell):
         input.requires_grad or weights.requires_grad or bias.requires_grad
         or old_h.requires_grad or old_cell.requires_grad
     ):
-        return _LLTMFunction.apply(backend, input, weights, bias, old_h, old_cell)
+        if _functorch_active():
+            return _LLTMFunction.apply(backend, input, weights, bias, old_h, old_cell)
+        return _apply_without_functorch(backend, input, weights, bias, old_h, old_cell)
     # Nothing to differentiate: skip the Function (and the saved tensors' lifetime).
     out = backend.forward(input, weights, bias, old_h, old_cell)
     return out[0], out[1]

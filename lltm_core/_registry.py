@@ -84,6 +84,32 @@ def _disabled_names() -> set[str]:
     return {n.strip() for n in os.environ.get(ENV_DISABLE, "").split(",") if n.strip()}
 
 
+def _env_reader(name: str):
+    """A fast ``os.environ.get(name)`` for the per-call path.
+
+    Both variables are read on every call, so that setting them at run time
+    takes effect (never silently ignored).  ``os.environ.get`` encodes the key
+    and decodes the value each time, about 1 us apiece in a call that budgets
+    a few; reading the mapping's raw storage skips that when it is there.
+    """
+    data = getattr(os.environ, "_data", None)
+    encodekey = getattr(os.environ, "encodekey", None)
+    decodevalue = getattr(os.environ, "decodevalue", None)
+    if not (isinstance(data, dict) and encodekey and decodevalue):
+        return lambda: os.environ.get(name)
+    key = encodekey(name)
+
+    def read():
+        raw = data.get(key)
+        return None if raw is None else decodevalue(raw)
+
+    return read
+
+
+_env_backend = _env_reader(ENV_BACKEND)
+_env_disabled = _env_reader(ENV_DISABLE)
+
+
 def _discover() -> dict[str, list[BackendRecord]]:
     found: dict[str, list[BackendRecord]] = {}
     seen: set[tuple[str, str]] = set()
@@ -209,7 +235,7 @@ def _requested() -> tuple[str | None, str]:
     ctx = _context_choice.get()
     if ctx is not None:
         return ctx, "use_backend()"
-    env = os.environ.get(ENV_BACKEND, "").strip()
+    env = (_env_backend() or "").strip()
     if env:
         return env, f"{ENV_BACKEND}={env}"
     return None, ""
@@ -265,7 +291,7 @@ def select(device_type: str, dtype: torch.dtype, name: str | None = None) -> Bac
     source = "backend="
     if name is None:
         name, source = _requested()
-    key = (name, device_type, dtype, os.environ.get(ENV_DISABLE))
+    key = (name, device_type, dtype, _env_disabled())
     chosen = _choice_cache.get(key)
     if chosen is not None:
         return chosen

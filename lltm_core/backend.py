@@ -18,10 +18,14 @@ backend.
 
 What lltm-core guarantees to the kernels
 ----------------------------------------
-Before ``forward`` or ``backward`` runs, lltm-core has checked the arguments
-(shapes, one dtype, one device; see ``lltm_core._checks``) and made every
-tensor contiguous.  With ``B`` = batch, ``I`` = input features, ``S`` = state
-size:
+Before ``forward`` runs, lltm-core has checked the arguments (shapes, one
+dtype, one device; see ``lltm_core._checks``) and made every tensor
+contiguous.  ``backward`` gets the saved tensors as forward returned them, and
+the output gradients as autograd hands them over: right shape, dtype and
+device, but any strides (the gradient of ``new_h.sum()`` is an expanded,
+stride-0 tensor).  A kernel that needs dense memory calls ``.contiguous()`` on
+them itself; a backend that can broadcast them (lltm-ref) skips the copy.
+With ``B`` = batch, ``I`` = input features, ``S`` = state size:
 
 * ``forward(input, weights, bias, old_h, old_cell)`` receives tensors of shape
   (B, I), (3S, I+S), (3S,), (B, S), (B, S) and returns a sequence

@@ -64,6 +64,18 @@ def fake_backends(tmp_path, monkeypatch):
     """Returns install(dist_name, {entry point name: factory name}); resets the registry after."""
     (tmp_path / "lltm_fake_backends.py").write_text(FAKE_MODULE)
     monkeypatch.syspath_prepend(str(tmp_path))
+    # Only lltm-ref and the fakes are visible, whatever else this venv has
+    # installed (lltm-cpu would outrank the fakes and change every answer).
+    from importlib import metadata
+
+    real_entry_points = metadata.entry_points
+
+    def visible_entry_points(**selection):
+        return [ep for ep in real_entry_points(**selection)
+                if ep.dist is None or ep.dist.metadata["Name"] == "lltm-ref"
+                or ep.dist.metadata["Name"].startswith("lltm-fake")]
+
+    monkeypatch.setattr(metadata, "entry_points", visible_entry_points)
     monkeypatch.delenv("LLTM_BACKEND", raising=False)
     monkeypatch.delenv("LLTM_DISABLE_BACKENDS", raising=False)
 

@@ -125,3 +125,10 @@ def test_opcheck_catches_an_aliasing_backend():
     forward_op, _ = ops_for(aliasing)
     with pytest.raises(Exception, match="(?i)alias"):
         torch.library.opcheck(forward_op, make_inputs(2, 3, 4))
+
+
+def test_double_backward_is_refused_with_a_reason():
+    inputs = make_inputs(2, 3, 4)
+    new_h, new_cell = lltm_core.lltm(*inputs)
+    with pytest.raises(RuntimeError, match="double backward .* is not supported"):
+        torch.autograd.grad(new_h.sum() + new_cell.sum(), inputs, create_graph=True)

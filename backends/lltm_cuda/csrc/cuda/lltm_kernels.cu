@@ -245,9 +245,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> lltm_forw
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> lltm_backward_cuda(
-    const at::Tensor& grad_h, const at::Tensor& grad_cell, const at::Tensor& weights, const at::Tensor& X,
+    const at::Tensor& grad_h_arg, const at::Tensor& grad_cell_arg, const at::Tensor& weights, const at::Tensor& X,
     const at::Tensor& gates, const at::Tensor& tanh_cell) {
   constexpr const char* op = "lltm_cuda::backward";
+  // Output gradients come as autograd makes them, often expanded (stride 0)
+  // from a sum(); the kernel reads them densely.
+  const at::Tensor grad_h = grad_h_arg.contiguous();
+  const at::Tensor grad_cell = grad_cell_arg.contiguous();
   check_args(op, {{grad_h, "grad_h"}, {grad_cell, "grad_cell"}, {weights, "weights"}, {X, "X"}, {gates, "gates"},
                   {tanh_cell, "tanh_cell"}});
   TORCH_CHECK(grad_h.dim() == 2, op, ": grad_h must be 2-D (batch, state_size), got shape ", grad_h.sizes());
