@@ -133,11 +133,11 @@ def pointwise_kernel_us(size, calls: int = 20) -> dict:
     grad_h, grad_cell = torch.randn_like(h), torch.randn_like(c)
     forward, backward = torch.ops.lltm_cuda.forward, torch.ops.lltm_cuda.backward
     for _ in range(3):
-        backward(grad_h, grad_cell, weights, *forward(x, weights, bias, h, c)[2:])
+        backward(grad_h, grad_cell, weights, *forward(x, weights, bias, h, c)[2:], True)
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(calls):
-            backward(grad_h, grad_cell, weights, *forward(x, weights, bias, h, c)[2:])
+            backward(grad_h, grad_cell, weights, *forward(x, weights, bias, h, c)[2:], True)
         torch.cuda.synchronize()
     times = {}
     for event in prof.key_averages():

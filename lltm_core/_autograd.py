@@ -26,11 +26,15 @@ import torch
 from .backend import Backend
 
 _FORWARD_SCHEMA = "(Tensor input, Tensor weights, Tensor bias, Tensor old_h, Tensor old_cell) -> Tensor[]"
-_BACKWARD_SCHEMA = "(Tensor grad_new_h, Tensor grad_new_cell, Tensor weights, Tensor[] saved) -> Tensor[]"
+_BACKWARD_SCHEMA = (
+    "(Tensor grad_new_h, Tensor grad_new_cell, Tensor weights, Tensor[] saved, bool needs_grad_X) -> Tensor[]"
+)
 
 
-def _split_grad_X(grad_X: torch.Tensor, state_size: int):
-    """X = cat([old_h, input]) -> (grad_input, grad_old_h)."""
+def _split_grad_X(grad_X: torch.Tensor, state_size: int, needs_grad_X: bool):
+    """X = cat([old_h, input]) -> (grad_input, grad_old_h); (None, None) if it was not computed."""
+    if not needs_grad_X:
+        return None, None
     grad_old_h, grad_input = grad_X.split_with_sizes([state_size, grad_X.shape[1] - state_size], 1)
     return grad_input, grad_old_h
 
@@ -58,8 +62,12 @@ class _LLTMFunction(torch.autograd.Function):
                 "the backends' backward kernels are not differentiable"
             )
         weights, *saved = ctx.saved_tensors
-        grad_X, grad_weights, grad_bias, grad_old_cell = ctx.backend.backward(grad_new_h, grad_new_cell, weights, *saved)
-        grad_input, grad_old_h = _split_grad_X(grad_X, grad_old_cell.shape[1])
+        _, needs_input, _, _, needs_old_h, _ = ctx.needs_input_grad
+        needs_grad_X = needs_input or needs_old_h
+        grad_X, grad_weights, grad_bias, grad_old_cell = ctx.backend.backward(
+            grad_new_h, grad_new_cell, weights, *saved, needs_grad_X
+        )
+        grad_input, grad_old_h = _split_grad_X(grad_X, grad_old_cell.shape[1], needs_grad_X)
         return None, grad_input, grad_weights, grad_bias, grad_old_h, grad_old_cell
 
 
@@ -108,8 +116,8 @@ def _register(backend: Backend):
     def forward_impl(input, weights, bias, old_h, old_cell):
         return list(fwd_kernel(input, weights, bias, old_h, old_cell))
 
-    def backward_impl(grad_new_h, grad_new_cell, weights, saved):
-        return list(bwd_kernel(grad_new_h, grad_new_cell, weights, *saved))
+    def backward_impl(grad_new_h, grad_new_cell, weights, saved, needs_grad_X):
+        return list(bwd_kernel(grad_new_h, grad_new_cell, weights, *saved, needs_grad_X))
 
     forward_op = torch.library.custom_op(
         f"lltm::{name}_forward", forward_impl, mutates_args=(), schema=_FORWARD_SCHEMA
@@ -126,10 +134,10 @@ def _register(backend: Backend):
         return [input.new_empty(shape) for shape in shapes]
 
     @backward_op.register_fake
-    def _(grad_new_h, grad_new_cell, weights, saved):
+    def _(grad_new_h, grad_new_cell, weights, saved, needs_grad_X):
         B, S = grad_new_h.shape
         return [
-            grad_new_h.new_empty((B, weights.shape[1])),
+            grad_new_h.new_empty((B, weights.shape[1]) if needs_grad_X else (0,)),
             torch.empty_like(weights),
             weights.new_empty((weights.shape[0],)),
             torch.empty_like(grad_new_h),
@@ -144,10 +152,12 @@ def _register(backend: Backend):
         if grad_new_h is None and grad_new_cell is None:
             return None, None, None, None, None
         like = grad_new_cell if grad_new_h is None else grad_new_h
+        needs_input, _, _, needs_old_h, _ = ctx.needs_input_grad
+        needs_grad_X = needs_input or needs_old_h
         grad_X, grad_weights, grad_bias, grad_old_cell = backward_op(
-            _grad_or_zeros(grad_new_h, like), _grad_or_zeros(grad_new_cell, like), weights, saved
+            _grad_or_zeros(grad_new_h, like), _grad_or_zeros(grad_new_cell, like), weights, saved, needs_grad_X
         )
-        grad_input, grad_old_h = _split_grad_X(grad_X, grad_old_cell.shape[1])
+        grad_input, grad_old_h = _split_grad_X(grad_X, grad_old_cell.shape[1], needs_grad_X)
         return grad_input, grad_weights, grad_bias, grad_old_h, grad_old_cell
 
     forward_op.register_autograd(backward, setup_context=setup_context)

@@ -32,13 +32,17 @@ With ``B`` = batch, ``I`` = input features, ``S`` = state size:
   ``(new_h, new_cell, *saved)``: the two (B, S) results followed by whatever
   the backend wants to keep for its backward, exactly as declared by
   ``saved_layout``.
-* ``backward(grad_new_h, grad_new_cell, weights, *saved)`` receives the two
-  (B, S) output gradients (zeros, never ``None``, for an unused output), the
-  weights, and the saved tensors.  It returns
+* ``backward(grad_new_h, grad_new_cell, weights, *saved, needs_grad_X)``
+  receives the two (B, S) output gradients (zeros, never ``None``, for an
+  unused output), the weights, the saved tensors, and whether ``input`` or
+  ``old_h`` needs a gradient.  It returns
   ``(grad_X, grad_weights, grad_bias, grad_old_cell)`` where
   ``grad_X`` is the (B, S+I) gradient of ``X = cat([old_h, input], dim=1)``:
   lltm-core splits it into the gradients of ``old_h`` and ``input``.
-  Returning ``grad_X`` whole lets a backend do one GEMM ``d_gates @ weights``.
+  Returning ``grad_X`` whole lets a backend do one GEMM ``d_gates @ weights``;
+  when ``needs_grad_X`` is false (the tutorial's benchmark: only the
+  parameters need gradients) it skips that GEMM and returns an empty tensor
+  (``weights.new_empty(0)``) in its place.
 
 Every tensor a kernel returns must be newly allocated: not an input, not a view
 of an input, not a view of another output.  lltm-core registers each backend's
@@ -82,7 +86,7 @@ class Backend:
     name: str
     #: ``forward(input, weights, bias, old_h, old_cell) -> (new_h, new_cell, *saved)``
     forward: ForwardKernel
-    #: ``backward(grad_new_h, grad_new_cell, weights, *saved)
+    #: ``backward(grad_new_h, grad_new_cell, weights, *saved, needs_grad_X)
     #: -> (grad_X, grad_weights, grad_bias, grad_old_cell)``
     backward: BackwardKernel
     #: ``saved_layout(B, I, S) -> {name: shape}`` of the tensors forward saves.

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import lltm_core
-from lltm_core.testing import compare_with_reference, make_inputs, tolerance
+from lltm_core.testing import compare_with_reference, make_inputs, max_rel_error, tolerance
 
 # (batch, input_features, state_size): ones, odd and prime sizes, the seed's
 # size, a state larger than a 1024-thread block, and a batch/state product
@@ -46,6 +46,22 @@ def test_one_output_used(backend, lltm_device, lltm_dtype, used):
     zeros = torch.zeros(4, 9, dtype=lltm_dtype, device=lltm_device)
     kw = {"grad_cell": zeros} if used == "new_h" else {"grad_h": zeros}
     _assert_close(compare_with_reference(backend.name, inputs, **kw), lltm_dtype, f"only {used} used")
+
+
+def test_only_parameters_need_gradients(backend, lltm_device, lltm_dtype):
+    """The tutorial's setting: the backward skips grad_X, and weights/bias grads still match."""
+    from lltm_core.testing import reference_lltm
+
+    x, weights, bias, h, c = make_inputs(5, 4, 6, dtype=lltm_dtype, device=lltm_device)
+    x, h, c = x.detach(), h.detach(), c.detach()
+    new_h, new_cell = lltm_core.lltm(x, weights, bias, h, c, backend=backend.name)
+    upstream = (torch.randn_like(new_h), torch.randn_like(new_cell))
+    got = torch.autograd.grad((new_h, new_cell), (weights, bias), upstream)
+    ref_params = [weights.detach().double().requires_grad_(), bias.detach().double().requires_grad_()]
+    want = torch.autograd.grad(reference_lltm(x.double(), *ref_params, h.double(), c.double()), ref_params,
+                               [u.double() for u in upstream])
+    errors = {name: max_rel_error(g, w) for name, g, w in zip(("grad_weights", "grad_bias"), got, want)}
+    _assert_close(errors, lltm_dtype, "only the parameters need gradients")
 
 
 def test_noncontiguous_inputs(backend, lltm_device, lltm_dtype):
@@ -93,7 +109,8 @@ def test_opcheck(backend, lltm_device, lltm_dtype):
     torch.library.opcheck(forward_op, inputs)
     outputs = forward_op(*[t.detach() for t in inputs])
     grads = [torch.randn_like(outputs[0]), torch.randn_like(outputs[1])]
-    torch.library.opcheck(backward_op, (*grads, inputs[1].detach(), outputs[2:]))
+    for needs_grad_X in (True, False):
+        torch.library.opcheck(backward_op, (*grads, inputs[1].detach(), outputs[2:], needs_grad_X))
 
 
 def test_compile_fullgraph(lltm_backend_name, lltm_device):
@@ -108,10 +125,14 @@ def test_compile_fullgraph(lltm_backend_name, lltm_device):
     compiled = torch.compile(step, fullgraph=True)
     inputs = make_inputs(8, 5, 13, dtype=dtype, device=lltm_device)
     eager_inputs = [t.detach().clone().requires_grad_() for t in inputs]
-    got = compiled(*inputs)
+    # Compile for real: torch's on-disk caches key on the graph, not on the
+    # custom operators' implementations, so a cached graph could test old code.
+    with torch._inductor.config.patch(fx_graph_cache=False), \
+            torch._functorch.config.patch(enable_autograd_cache=False):
+        got = compiled(*inputs)
+        upstream = [torch.randn_like(got[0]), torch.randn_like(got[1])]
+        got_grads = torch.autograd.grad(got, inputs, upstream)
     want = step(*eager_inputs)
-    upstream = [torch.randn_like(want[0]), torch.randn_like(want[1])]
-    got_grads = torch.autograd.grad(got, inputs, upstream)
     want_grads = torch.autograd.grad(want, eager_inputs, upstream)
     for g, w in zip((*got, *got_grads), (*want, *want_grads)):
         torch.testing.assert_close(g, w)

@@ -22,6 +22,6 @@ TORCH_LIBRARY(lltm_cpu, m) {
       " -> (Tensor new_h, Tensor new_cell, Tensor X, Tensor gates, Tensor tanh_cell)");
   m.def(
       "backward(Tensor grad_new_h, Tensor grad_new_cell, Tensor weights,"
-      " Tensor X, Tensor gates, Tensor tanh_cell)"
+      " Tensor X, Tensor gates, Tensor tanh_cell, bool needs_grad_X)"
       " -> (Tensor grad_X, Tensor grad_weights, Tensor grad_bias, Tensor grad_old_cell)");
 }

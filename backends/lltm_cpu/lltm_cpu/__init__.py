@@ -37,8 +37,8 @@ def forward(input, weights, bias, old_h, old_cell):
     return torch.ops.lltm_cpu.forward(input, weights, bias, old_h, old_cell)
 
 
-def backward(grad_new_h, grad_new_cell, weights, X, gates, tanh_cell):
-    return torch.ops.lltm_cpu.backward(grad_new_h, grad_new_cell, weights, X, gates, tanh_cell)
+def backward(grad_new_h, grad_new_cell, weights, X, gates, tanh_cell, needs_grad_X):
+    return torch.ops.lltm_cpu.backward(grad_new_h, grad_new_cell, weights, X, gates, tanh_cell, needs_grad_X)
 
 
 @functools.cache

@@ -17,6 +17,7 @@ TORCH_LIBRARY(lltm_cuda, m) {
       "forward(Tensor input, Tensor weights, Tensor bias, Tensor old_h, Tensor old_cell) "
       "-> (Tensor new_h, Tensor new_cell, Tensor X, Tensor gates, Tensor tanh_cell)");
   m.def(
-      "backward(Tensor grad_h, Tensor grad_cell, Tensor weights, Tensor X, Tensor gates, Tensor tanh_cell) "
+      "backward(Tensor grad_h, Tensor grad_cell, Tensor weights, Tensor X, Tensor gates, Tensor tanh_cell, "
+      "bool needs_grad_X) "
       "-> (Tensor grad_X, Tensor grad_weights, Tensor grad_bias, Tensor grad_old_cell)");
 }

@@ -57,8 +57,8 @@ def test_misaligned_inputs_take_the_element_path(dtype):
 
     grad_h, grad_cell = torch.randn_like(old_cell), torch.randn_like(old_cell)
     saved = aligned[2:]
-    want = backward(grad_h, grad_cell, weights, *saved)
-    got = backward(_offset_copy(grad_h), _offset_copy(grad_cell), weights, *saved)
+    want = backward(grad_h, grad_cell, weights, *saved, True)
+    got = backward(_offset_copy(grad_h), _offset_copy(grad_cell), weights, *saved, True)
     for g, w in zip(got, want):
         torch.testing.assert_close(g, w)
 
@@ -122,7 +122,7 @@ def test_offsets_past_2_pow_31(misaligned):
         old_cell = _offset_copy(old_cell)
     new_h, new_cell, *saved = torch.ops.lltm_cuda.forward(input, weights, bias, old_h, old_cell)
     grad_h, grad_cell = torch.randn_like(new_h), torch.randn_like(new_h)
-    grad_X, _, _, grad_old_cell = torch.ops.lltm_cuda.backward(grad_h, grad_cell, weights, *saved)
+    grad_X, _, _, grad_old_cell = torch.ops.lltm_cuda.backward(grad_h, grad_cell, weights, *saved, True)
 
     rows = slice(B - 3, B)
     tail = [t.float().requires_grad_() for t in (input[rows], weights, bias, old_h[rows], old_cell[rows])]

@@ -13,7 +13,11 @@ import torch.nn.functional as F
 
 __all__ = ["forward", "backward", "saved_layout", "load_backend"]
 
-_aten = torch.ops.aten
+# The derivative kernels autograd itself uses, bound once: resolving
+# torch.ops.aten.<name> on every call costs more than the arithmetic here.
+_tanh_backward = torch.ops.aten.tanh_backward.default
+_sigmoid_backward = torch.ops.aten.sigmoid_backward.default
+_elu_backward = torch.ops.aten.elu_backward.default
 
 
 def saved_layout(batch: int, input_features: int, state_size: int) -> dict:
@@ -41,18 +45,18 @@ def forward(input, weights, bias, old_h, old_cell):
     return new_h, new_cell, X, sig_gates, candidate, tanh_cell
 
 
-def backward(grad_h, grad_cell, weights, X, sig_gates, candidate, tanh_cell):
+def backward(grad_h, grad_cell, weights, X, sig_gates, candidate, tanh_cell, needs_grad_X):
     input_gate, output_gate = sig_gates.chunk(2, dim=1)
     # d new_cell: through new_h = tanh(new_cell) * o, plus the direct gradient.
-    grad_new_cell = _aten.tanh_backward(grad_h * output_gate, tanh_cell).add_(grad_cell)
-    grad_sig = _aten.sigmoid_backward(
+    grad_new_cell = _tanh_backward(grad_h * output_gate, tanh_cell).add_(grad_cell)
+    grad_sig = _sigmoid_backward(
         torch.cat([candidate * grad_new_cell, tanh_cell * grad_h], dim=1), sig_gates
     )
     # elu'(u) from the result: 1 where elu(u) > 0, elu(u) + 1 elsewhere.
-    grad_candidate = _aten.elu_backward(input_gate * grad_new_cell, 1.0, 1.0, 1.0, True, candidate)
+    grad_candidate = _elu_backward(input_gate * grad_new_cell, 1.0, 1.0, 1.0, True, candidate)
     grad_gates = torch.cat([grad_sig, grad_candidate], dim=1)
     return (
-        grad_gates.mm(weights),
+        grad_gates.mm(weights) if needs_grad_X else weights.new_empty(0),
         grad_gates.t().mm(X),
         grad_gates.sum(0),
         grad_new_cell,

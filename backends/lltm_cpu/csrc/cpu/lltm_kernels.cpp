@@ -186,7 +186,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> lltm_forw
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> lltm_backward(
     const at::Tensor& grad_h_arg, const at::Tensor& grad_cell_arg, const at::Tensor& weights_arg,
-    const at::Tensor& X_arg, const at::Tensor& gates_arg, const at::Tensor& tanh_cell_arg) {
+    const at::Tensor& X_arg, const at::Tensor& gates_arg, const at::Tensor& tanh_cell_arg, bool needs_grad_X) {
   constexpr const char* op = "lltm_cpu::backward";
   TORCH_CHECK(grad_h_arg.dim() == 2, op, ": grad_new_h must be 2-D (batch, state_size), got ", grad_h_arg.sizes());
   TORCH_CHECK(X_arg.dim() == 2, op, ": X must be 2-D (batch, state_size + input_features), got ", X_arg.sizes());
@@ -223,6 +223,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> lltm_backward(
     for_column_ranges(batch, state_size, [&](int64_t begin, int64_t end) { backward_pass(pointers, begin, end); });
   });
   at::Tensor grad_weights = at::empty({3 * state_size, x_features}, options);
+  if (!needs_grad_X) {  // neither input nor old_h needs a gradient: one GEMM fewer
+    at::mm_out(grad_weights, grad_gates.t(), X);
+    return {at::empty({0}, options), grad_weights, grad_bias, grad_old_cell};
+  }
   at::Tensor grad_X = at::empty({batch, x_features}, options);
   run_both_gemms(
       [&] { at::mm_out(grad_weights, grad_gates.t(), X); }, [&] { at::mm_out(grad_X, grad_gates, weights); },

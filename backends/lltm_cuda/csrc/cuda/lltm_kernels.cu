@@ -246,7 +246,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> lltm_forw
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> lltm_backward_cuda(
     const at::Tensor& grad_h_arg, const at::Tensor& grad_cell_arg, const at::Tensor& weights, const at::Tensor& X,
-    const at::Tensor& gates, const at::Tensor& tanh_cell) {
+    const at::Tensor& gates, const at::Tensor& tanh_cell, bool needs_grad_X) {
   constexpr const char* op = "lltm_cuda::backward";
   // Output gradients come as autograd makes them, often expanded (stride 0)
   // from a sum(); the kernel reads them densely.
@@ -286,7 +286,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> lltm_backward_cuda(
         });
   });
   // d_gates is (B, 3S): grad_X = d_gates @ W, grad_W = d_gates^T @ X, grad_bias = column sums.
-  return {at::mm(d_gates, weights), at::mm(d_gates.t(), X), d_gates.sum(0), grad_old_cell};
+  // grad_X is one of the two GEMMs: skipped when neither input nor old_h needs a gradient.
+  at::Tensor grad_X = needs_grad_X ? at::mm(d_gates, weights) : weights.new_empty({0});
+  return {grad_X, at::mm(d_gates.t(), X), d_gates.sum(0), grad_old_cell};
 }
 
 }  // namespace
