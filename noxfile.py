@@ -14,7 +14,6 @@ build.
 from __future__ import annotations
 
 import os
-import sys
 import tempfile
 from pathlib import Path
 
