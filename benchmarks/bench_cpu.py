@@ -53,15 +53,15 @@ NOTES = """\
   them per call.  What is left of the kernel beyond its GEMMs is the fused
   pointwise pass, the X = cat copy, output allocations and the operator call.
 - Most of the time at B16 is outside the kernel: lltm_core's argument checks,
-  backend choice, contiguous() calls and autograd.Function around it, plus
-  autograd's own work.  Closing the forward target needs that cut to a few
-  us; past that, only a faster GEMM could (e.g. MKL's packed GEMM with the
-  packed weights cached across the steps of a sequence, or one input
-  projection GEMM for a whole sequence: both API changes).
-- Backward: the tutorial's benchmark needs no grad_X, which eager autograd
-  skips, but the backend contract makes every backend compute it (one of the
-  two backward GEMMs).  Passing the needed-gradient flags to the backward
-  kernel would remove it."""
+  backend choice and the autograd.Function around it (about 15 us after the
+  cuts measured in benchmarks/results/core_overhead.md), plus autograd's own
+  work.  Past that, only a faster GEMM could close the forward target (e.g.
+  MKL's packed GEMM with the packed weights cached across the steps of a
+  sequence, or one input-projection GEMM for a whole sequence: both API
+  changes).
+- Backward: the backward kernel skips the grad_X GEMM when neither input nor
+  old_h needs a gradient (the tutorial's benchmark), as eager autograd does;
+  what remains is grad_weights' GEMM, the fused pass and autograd's engine."""
 
 
 def make_step(module, batch, input_features, state_size, inputs_require_grad):
@@ -213,7 +213,8 @@ def main() -> None:
     large_model = lltm_core.LLTM(LARGE["input_features"], LARGE["state_size"], backend="cpu")
     large, busy = measure(
         {
-            "lltm cpu": make_step(large_model, **LARGE, inputs_require_grad=False),
+            # Inputs require grad, so the step runs all three GEMMs the floor counts.
+            "lltm cpu": make_step(large_model, **LARGE, inputs_require_grad=True),
             "GEMMs alone": make_gemm_step(**LARGE),
         },
         # Ten warm-up steps: until then fresh multi-MB allocations page-fault

@@ -81,15 +81,19 @@ def lltm(input, weights, bias, old_h, old_cell, *, backend: str | Backend | None
     device and dtype is chosen (see ``lltm_core._registry.select``).
     """
     check_lltm_args(input, weights, bias, old_h, old_cell)
-    args = (input.contiguous(), weights.contiguous(), bias.contiguous(), old_h.contiguous(), old_cell.contiguous())
     if _compiling():
         # The choice is made once, while tracing, and baked into the graph as
         # a call to that backend's custom operator.
         name = _traced_choice(input.device.type, input.dtype, backend)
-        out = getattr(torch.ops.lltm, f"{name}_forward")(*args)
+        out = getattr(torch.ops.lltm, f"{name}_forward")(
+            input.contiguous(), weights.contiguous(), bias.contiguous(), old_h.contiguous(), old_cell.contiguous()
+        )
         return out[0], out[1]
     device_type = "cpu" if input.is_cpu else input.device.type  # .device builds an object: skip it for CPU
-    return _autograd.apply_eager(_choose(device_type, input.dtype, backend), *args)
+    return _autograd.apply_eager(
+        _choose(device_type, input.dtype, backend),
+        input.contiguous(), weights.contiguous(), bias.contiguous(), old_h.contiguous(), old_cell.contiguous(),
+    )
 
 
 @torch.compiler.assume_constant_result

@@ -20,24 +20,25 @@ def check_lltm_args(input, weights, bias, old_h, old_cell) -> None:
     # One expression for the common, valid case: at the seed's size a call is
     # tens of microseconds, and the loop that builds good messages costs a few.
     T = torch.Tensor
-    if (
-        isinstance(input, T) and isinstance(weights, T) and isinstance(bias, T)
-        and isinstance(old_h, T) and isinstance(old_cell, T)
-        and input.dim() == 2 and old_h.dim() == 2
-    ):
+    try:
         B, I = input.shape
-        S = old_h.shape[1]
+        _, S = old_h.shape
         dtype, device = input.dtype, input.device
-        if (
+        valid = (
             weights.shape == (3 * S, S + I) and bias.shape == (3 * S,)
             and old_h.shape[0] == B and old_cell.shape == (B, S)
             and dtype.is_floating_point
             and weights.dtype == dtype and bias.dtype == dtype and old_h.dtype == dtype and old_cell.dtype == dtype
             and weights.device == device and bias.device == device
             and old_h.device == device and old_cell.device == device
-        ):
-            return
-    _raise_for(input, weights, bias, old_h, old_cell)
+            # last: the duck-typed reads above do not prove these are tensors
+            and isinstance(input, T) and isinstance(weights, T) and isinstance(bias, T)
+            and isinstance(old_h, T) and isinstance(old_cell, T)
+        )
+    except (AttributeError, TypeError, ValueError):  # not tensors, or wrong ranks
+        valid = False
+    if not valid:
+        _raise_for(input, weights, bias, old_h, old_cell)
 
 
 def _raise_for(input, weights, bias, old_h, old_cell) -> None:
