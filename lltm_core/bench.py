@@ -93,16 +93,18 @@ class _Progress:
         self.total, self.done, self.enabled = total, 0, sys.stderr.isatty()
 
     def step(self, label: str) -> None:
-        self.done += 1
+        """Group ``label`` starts: the bar shows the groups finished before it."""
         if self.enabled:
             width = 30
             filled = int(width * self.done / max(self.total, 1))
-            sys.stderr.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {self.done}/{self.total} {label[:40]:<40}")
+            sys.stderr.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {self.done}/{self.total} "
+                             f"measuring {label[:40]:<40}")
             sys.stderr.flush()
+        self.done += 1
 
     def close(self) -> None:
         if self.enabled:
-            sys.stderr.write("\r" + " " * 80 + "\r")
+            sys.stderr.write("\r" + " " * 100 + "\r")
             sys.stderr.flush()
 
 
@@ -122,26 +124,36 @@ def _summary(samples: list[float]) -> dict:
     return {"mean": statistics.fmean(samples) * 1e6, "median": statistics.median(samples) * 1e6}
 
 
-def _measure_group(candidates: dict, x, state, device: str, seconds: float | None, iterations: int | None) -> dict:
-    """Alternate the candidates in rounds until each has its budget; returns name -> (fwd, bwd) samples."""
+def _measure_group(candidates: dict, x, state, device: str, seconds: float | None, iterations: int | None):
+    """Alternate the candidates in rounds until each has its budget.
+
+    Returns (name -> (fwd, bwd) samples, interrupted): on Ctrl-C, what was
+    measured so far.
+    """
     sync = _sync(device)
     samples = {name: ([], []) for name in candidates}
-    for model in candidates.values():  # warm-up: first-call allocations, compilation
-        for _ in range(3):
-            _time_one_call(model, x, state, sync, [], [])
     per_round = 10
     spent = {name: 0.0 for name in candidates}
-    while True:
-        for name, model in candidates.items():
-            fwd, bwd = samples[name]
-            for _ in range(per_round):
-                _time_one_call(model, x, state, sync, fwd, bwd)
-            spent[name] = sum(fwd) + sum(bwd)
-        if iterations is not None:
-            if all(len(s[0]) >= iterations for s in samples.values()):
-                return samples
-        elif all(v >= seconds for v in spent.values()):
-            return samples
+    try:
+        for model in candidates.values():  # warm-up: first-call allocations, compilation
+            for _ in range(3):
+                _time_one_call(model, x, state, sync, [], [])
+        while True:
+            for name, model in candidates.items():
+                fwd, bwd = samples[name]
+                for _ in range(per_round):
+                    _time_one_call(model, x, state, sync, fwd, bwd)
+                spent[name] = sum(fwd) + sum(bwd)
+            if iterations is not None:
+                if all(len(s[0]) >= iterations for s in samples.values()):
+                    return samples, False
+            elif all(v >= seconds for v in spent.values()):
+                return samples, False
+    except KeyboardInterrupt:
+        # a forward may have finished without its backward: keep whole calls only
+        for fwd, bwd in samples.values():
+            del fwd[len(bwd):]
+        return {k: v for k, v in samples.items() if v[1]}, True
 
 
 def _verify(name: str, device: str, dtype: torch.dtype, size) -> str | None:
@@ -156,14 +168,19 @@ def _verify(name: str, device: str, dtype: torch.dtype, size) -> str | None:
     return None
 
 
-def benchmark(sizes, devices, dtypes, backends, *, seconds=None, iterations=None, compile_peer=True, on_result=None):
-    """Yield a :class:`Result` per candidate, group by group; see the module docstring."""
+def benchmark(sizes, devices, dtypes, backends, *, seconds=None, iterations=None, compile_peer=True,
+              on_group=lambda label: None):
+    """Yield a :class:`Result` per candidate, group by group; see the module docstring.
+
+    ``on_group(label)`` is called as each (device, dtype, size) group starts.
+    """
     for device in devices:
         for dtype in dtypes:
             for size in sizes:
                 B, I, S = size
                 label = f"B{B} I{I} S{S}"
                 dname = str(dtype)[6:]
+                on_group(f"{device} {dname} {label}")
                 torch.manual_seed(0)
                 seed_module = SeedLLTM(I, S, device=device, dtype=dtype)
                 x = torch.randn(B, I, device=device, dtype=dtype)
@@ -186,7 +203,7 @@ def benchmark(sizes, devices, dtypes, backends, *, seconds=None, iterations=None
                     module = LLTM(I, S, backend=name, device=device, dtype=dtype)
                     module.load_state_dict(seed_module.state_dict())
                     candidates[name] = module
-                samples = _measure_group(candidates, x, state, device, seconds, iterations)
+                samples, interrupted = _measure_group(candidates, x, state, device, seconds, iterations)
                 base = {k: (_summary(f), _summary(b)) for k, (f, b) in samples.items()}
                 for name, (fwd, bwd) in base.items():
                     r = Result(name, device, dname, label, forward_us=fwd, backward_us=bwd, calls=len(samples[name][0]))
@@ -197,6 +214,8 @@ def benchmark(sizes, devices, dtypes, backends, *, seconds=None, iterations=None
                     results[name] = r
                 for r in results.values():
                     yield r
+                if interrupted:
+                    raise KeyboardInterrupt
 
 
 def _fmt_us(d: dict) -> str:
@@ -262,9 +281,7 @@ def run(args) -> int:
     interrupted = False
     try:
         for r in benchmark(sizes, devices, dtypes, args.backend, seconds=seconds, iterations=args.iterations,
-                           compile_peer=not args.no_compile):
-            if not results or (results[-1].device, results[-1].dtype, results[-1].size) != (r.device, r.dtype, r.size):
-                progress.step(f"{r.device} {r.dtype} {r.size}")
+                           compile_peer=not args.no_compile, on_group=progress.step):
             results.append(r)
     except KeyboardInterrupt:
         interrupted = True

@@ -81,3 +81,18 @@ def test_bench_plot_without_matplotlib_says_what_to_install(monkeypatch, tmp_pat
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     with pytest.raises(SystemExit, match="pip install matplotlib"):
         main(["bench", "--iterations", "10", "--no-compile", "--size", "2,2,2", "--plot", str(tmp_path / "x.png")])
+
+
+def test_bench_ctrl_c_prints_what_was_measured():
+    import signal
+    import time
+
+    proc = subprocess.Popen([sys.executable, "-m", "lltm_core", "bench", "--seconds", "60", "--no-compile",
+                             "--backend", "ref"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(12)  # imports, reference check, warm-up: then it is measuring
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "interrupted" in out
+    ref_row = next(line for line in out.splitlines() if line.strip().startswith("ref "))
+    assert "x /" in ref_row, out  # timed, with its speed-up against the eager module
