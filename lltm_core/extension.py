@@ -16,6 +16,17 @@ from __future__ import annotations
 import torch
 
 
+def unavailable_kernel(backend: str, reason: str):
+    """A stand-in kernel for a backend whose library cannot load: lltm-core never
+    selects an unavailable backend, so this only runs if someone calls it
+    directly, and then it says why instead of failing on a missing operator."""
+
+    def kernel(*args):
+        raise RuntimeError(f"lltm backend {backend!r} is unavailable: {reason}")
+
+    return kernel
+
+
 def torch_mismatch(built_for: str, distribution: str) -> str | None:
     """``None`` if the running torch is the one the extension was built for, else what to do."""
     running = torch.__version__

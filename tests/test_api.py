@@ -132,3 +132,13 @@ def test_double_backward_is_refused_with_a_reason():
     new_h, new_cell = lltm_core.lltm(*inputs)
     with pytest.raises(RuntimeError, match="double backward .* is not supported"):
         torch.autograd.grad(new_h.sum() + new_cell.sum(), inputs, create_graph=True)
+
+
+def test_a_compiled_backends_stand_in_kernel_says_why_it_cannot_run():
+    from lltm_core.extension import torch_mismatch, unavailable_kernel
+
+    reason = torch_mismatch("0.0.1+cpu", "lltm-cpu")
+    assert reason.startswith(f"built for torch 0.0.1+cpu, running {torch.__version__}: rebuild lltm-cpu")
+    with pytest.raises(RuntimeError, match=r"'cpu' is unavailable: built for torch 0.0.1\+cpu"):
+        unavailable_kernel("cpu", reason)(*make_inputs(2, 3, 4))
+    assert torch_mismatch(torch.__version__, "lltm-cpu") is None

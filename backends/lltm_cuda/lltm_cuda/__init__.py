@@ -54,22 +54,16 @@ def unavailable_reason() -> str | None:
     return None
 
 
-def _not_runnable(reason: str):
-    def kernel(*args):
-        raise RuntimeError(f"lltm backend 'cuda' is unavailable: {reason}")
-
-    return kernel
-
-
 def load_backend():
     from lltm_core.backend import Backend
+    from lltm_core.extension import unavailable_kernel
 
     reason = unavailable_reason()
     if reason is None:
         # The registered C++ operators themselves: no Python frame per call.
         forward, backward = torch.ops.lltm_cuda.forward.default, torch.ops.lltm_cuda.backward.default
     else:
-        forward = backward = _not_runnable(reason)
+        forward = backward = unavailable_kernel("cuda", reason)
     return Backend(
         name="cuda",
         forward=forward,
