@@ -81,7 +81,7 @@ _context_choice: contextvars.ContextVar[str | None] = contextvars.ContextVar("ll
 
 
 def _disabled_names() -> set[str]:
-    return {n.strip() for n in os.environ.get(ENV_DISABLE, "").split(",") if n.strip()}
+    return {n.strip() for n in (_env_disabled() or "").split(",") if n.strip()}
 
 
 def _env_reader(name: str):

@@ -14,7 +14,8 @@ from lltm_core import BackendError
 from lltm_core.testing import make_inputs
 
 
-def _status(name):
+def _report_rows():
+    """backend_report() keyed by (backend name, distribution)."""
     return {(r["name"], r["distribution"]): r for r in lltm_core.backend_report()}
 
 
@@ -109,7 +110,7 @@ def test_disable_backends(fake_backends, monkeypatch):
     monkeypatch.setenv("LLTM_DISABLE_BACKENDS", "fast, other")
     assert lltm_core.get_backend().name == "ref"
     assert "fast" not in lltm_core.available_backends()
-    assert _status("fast")[("fast", "lltm-fake")]["status"] == "disabled"
+    assert _report_rows()[("fast", "lltm-fake")]["status"] == "disabled"
     with pytest.raises(BackendError, match="disabled: hidden by LLTM_DISABLE_BACKENDS"):
         lltm_core.get_backend("fast")
 
@@ -120,7 +121,7 @@ def test_duplicate_names_warn_and_working_copy_wins(fake_backends):
     with pytest.warns(RuntimeWarning, match=r"'dup' is claimed by several distributions: lltm-fake-\w.*lltm-fake-\w"):
         names = lltm_core.available_backends()
     assert "dup" in names
-    report = _status("dup")
+    report = _report_rows()
     assert report[("dup", "lltm-fake-a")]["status"] == "unavailable"
     assert report[("dup", "lltm-fake-b")]["status"] == "available"
 
