@@ -54,7 +54,7 @@ def core(session):
 
 @nox.session
 def ref(session):
-    """lltm-ref: the conformance kit against the reference backend, float32 and float64."""
+    """lltm-ref: the conformance kit against the reference backend, in every dtype it takes."""
     _setup(session, TORCH_CPU, ".", "./backends/lltm_ref")
     _pytest(session, "--pyargs", "lltm_core.testing", "--lltm-backend", "ref")
 

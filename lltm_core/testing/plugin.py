@@ -23,8 +23,7 @@ def pytest_addoption(parser):
                     help="backend to check (repeatable; default: every available backend for the device)")
     group.addoption("--lltm-device", default="cpu", metavar="DEVICE", help="device to check on (default: cpu)")
     group.addoption("--lltm-dtype", action="append", default=[], choices=sorted(_DTYPES), metavar="DTYPE",
-                    help="dtype to check (repeatable; default: float32 and float64, plus float16 and "
-                         "bfloat16 on cuda, each where the backend takes it)")
+                    help="dtype to check (repeatable; default: every dtype the backend takes)")
     group.addoption("--lltm-seed", type=int, default=None,
                     help="base random seed (default: a fresh one each run, shown in the header)")
 
@@ -63,9 +62,7 @@ def pytest_generate_tests(metafunc):
     skip = _device_skip_reason(device)
     names = config.getoption("--lltm-backend") or ([] if skip else _default_backends(device))
     asked_dtypes = [_DTYPES[d] for d in config.getoption("--lltm-dtype")]
-    default_dtypes = [torch.float32, torch.float64]
-    if torch.device(device).type == "cuda":
-        default_dtypes += [torch.float16, torch.bfloat16]
+    default_dtypes = list(_DTYPES.values())
 
     params = []
     for name in names:
