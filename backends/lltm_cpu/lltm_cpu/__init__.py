@@ -115,7 +115,7 @@ def load_backend():
         backward=backward,
         saved_layout=saved_layout,
         devices=frozenset({"cpu"}),
-        dtypes=frozenset({torch.float32, torch.float64}),
+        dtypes=frozenset({torch.float32, torch.float64, torch.bfloat16}),
         priority=100,
         interface_versions=(1,),
         availability=lambda: unavailable,

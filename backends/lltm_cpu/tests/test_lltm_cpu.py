@@ -15,7 +15,7 @@ import lltm_core
 import lltm_cpu
 from lltm_core.testing import compare_with_reference, make_inputs, tolerance
 
-DTYPES = [torch.float32, torch.float64]
+DTYPES = [torch.float32, torch.float64, torch.bfloat16]
 # Odd state sizes leave a partial vector at every ISA's width; B33 x S1000 is
 # large enough for the pointwise passes to run on several threads.
 SHAPES = [(B, 5, S) for B in (0, 1, 33) for S in (1, 7, 129, 1000)]
@@ -122,12 +122,13 @@ def test_operator_names_the_bad_argument(position, change, message):
 
 
 def test_operator_rejects_half():
-    with pytest.raises(RuntimeError, match="takes float32 or float64 tensors, got input of dtype Half"):
+    with pytest.raises(RuntimeError, match="takes float32, float64 or bfloat16 tensors, got input of dtype Half"):
         torch.ops.lltm_cpu.forward(*make_inputs(2, 3, 4, dtype=torch.half, requires_grad=False))
 
 
-def test_chosen_by_default_for_float32():
-    backend = lltm_core.get_backend(dtype=torch.float32)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_chosen_by_default(dtype):
+    backend = lltm_core.get_backend(dtype=dtype)
     assert (backend.name, backend.priority) == ("cpu", 100)
 
 

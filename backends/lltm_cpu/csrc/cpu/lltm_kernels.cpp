@@ -2,6 +2,9 @@
 //
 // Each is GEMMs through ATen (MKL here) plus one fused pointwise pass
 // (pointwise_impl.h), compiled per instruction set and chosen at run time.
+// float32 and float64 compute in their own type.  bfloat16 tensors stay
+// bfloat16 in memory (ATen's bfloat16 GEMMs accumulate in float) and the
+// pointwise passes compute in float, as ATen's own bfloat16 kernels do.
 //
 // What forward saves, and why: backward needs X = cat([old_h, input]) for
 // grad_weights, the three activated gates and tanh(new_cell).  The activated
@@ -110,12 +113,12 @@ struct NamedTensor {
   const at::Tensor& tensor;
 };
 
-// All tensors must share the first one's dtype, float32 or float64.
+// All tensors must share the first one's dtype, float32, float64 or bfloat16.
 void check_dtypes(const char* op, std::initializer_list<NamedTensor> tensors) {
   const NamedTensor& first = *tensors.begin();
   const at::ScalarType dtype = first.tensor.scalar_type();
-  TORCH_CHECK(dtype == at::kFloat || dtype == at::kDouble, op, ": takes float32 or float64 tensors, got ",
-              first.name, " of dtype ", dtype);
+  TORCH_CHECK(dtype == at::kFloat || dtype == at::kDouble || dtype == at::kBFloat16, op,
+              ": takes float32, float64 or bfloat16 tensors, got ", first.name, " of dtype ", dtype);
   for (const NamedTensor& t : tensors) {
     TORCH_CHECK(t.tensor.scalar_type() == dtype, op, ": ", t.name, " has dtype ", t.tensor.scalar_type(),
                 ", expected ", dtype, " (the dtype of ", first.name, ")");
@@ -173,7 +176,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> lltm_forw
   at::Tensor new_cell = at::empty({batch, state_size}, options);
   at::Tensor tanh_cell = at::empty({batch, state_size}, options);
 
-  AT_DISPATCH_FLOATING_TYPES(input.scalar_type(), op, [&] {
+  AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, input.scalar_type(), op, [&] {
     const ForwardPointers<scalar_t> pointers{
         gates.data_ptr<scalar_t>(), bias.const_data_ptr<scalar_t>(), old_cell.const_data_ptr<scalar_t>(),
         new_h.data_ptr<scalar_t>(), new_cell.data_ptr<scalar_t>(),   tanh_cell.data_ptr<scalar_t>(),
@@ -212,7 +215,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> lltm_backward(
   at::Tensor grad_bias = at::empty({3 * state_size}, options);
   at::Tensor grad_old_cell = at::empty({batch, state_size}, options);
 
-  AT_DISPATCH_FLOATING_TYPES(grad_h.scalar_type(), op, [&] {
+  AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, grad_h.scalar_type(), op, [&] {
     const BackwardPointers<scalar_t> pointers{
         grad_h.const_data_ptr<scalar_t>(),  grad_cell.const_data_ptr<scalar_t>(),
         gates.const_data_ptr<scalar_t>(),   tanh_cell.const_data_ptr<scalar_t>(),

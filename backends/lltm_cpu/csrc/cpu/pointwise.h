@@ -7,11 +7,14 @@
 // pointers and at::vec.
 #pragma once
 
+#include <c10/util/BFloat16.h>
+
 #include <cstdint>
 
 namespace lltm_cpu {
 
 // One forward call.  Every matrix is row-major and contiguous; S = state_size.
+// scalar_t is float, double or c10::BFloat16 (which the passes compute in float).
 template <typename scalar_t>
 struct ForwardPointers {
   // (B, 3S).  In: X @ weights^T, without the bias.  Out: the activated gates
@@ -49,6 +52,8 @@ struct BackwardPointers {
   void forward_pointwise(const ForwardPointers<double>& p, int64_t col_begin, int64_t col_end);   \
   void backward_pointwise(const BackwardPointers<float>& p, int64_t col_begin, int64_t col_end);  \
   void backward_pointwise(const BackwardPointers<double>& p, int64_t col_begin, int64_t col_end); \
+  void forward_pointwise(const ForwardPointers<c10::BFloat16>& p, int64_t col_begin, int64_t col_end); \
+  void backward_pointwise(const BackwardPointers<c10::BFloat16>& p, int64_t col_begin, int64_t col_end); \
   }
 
 LLTM_DECLARE_POINTWISE_KERNELS(DEFAULT)

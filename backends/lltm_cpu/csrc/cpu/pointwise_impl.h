@@ -10,12 +10,14 @@
 #error "pointwise_impl.h is included by pointwise_<isa>.cpp, after defining CPU_CAPABILITY"
 #endif
 
+#include <ATen/OpMathType.h>
 #include <ATen/cpu/vec/vec.h>
 
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <type_traits>
+#include <vector>
 
 #include "pointwise.h"
 
@@ -25,6 +27,35 @@ namespace {
 
 template <typename scalar_t>
 using Vec = at::vec::Vectorized<scalar_t>;
+
+// Loads and stores of up to one vector of `count` elements of a tensor of
+// scalar_t, as vectors of opmath_t, the type the passes compute in: float for
+// bfloat16 (as ATen's own kernels do), scalar_t itself otherwise.
+template <typename scalar_t>
+struct Memory {
+  using opmath_t = at::opmath_type<scalar_t>;
+  using V = Vec<opmath_t>;
+
+  static V load(const scalar_t* ptr, int64_t count) {
+    if constexpr (std::is_same_v<scalar_t, opmath_t>) {
+      return V::loadu(ptr, count);
+    } else {
+      opmath_t widened[V::size()];
+      at::vec::convert(ptr, widened, count);
+      return V::loadu(widened, count);
+    }
+  }
+
+  static void store(const V& value, scalar_t* ptr, int64_t count) {
+    if constexpr (std::is_same_v<scalar_t, opmath_t>) {
+      value.store(ptr, count);
+    } else {
+      opmath_t wide[V::size()];
+      value.store(wide, count);
+      at::vec::convert(wide, ptr, count);
+    }
+  }
+};
 
 template <typename scalar_t>
 Vec<scalar_t> sigmoid(const Vec<scalar_t>& x) {
@@ -81,7 +112,8 @@ Vec<scalar_t> tanh_from_exp(const Vec<scalar_t>& x) {
 
 template <typename scalar_t>
 void forward_pass(const ForwardPointers<scalar_t>& p, int64_t col_begin, int64_t col_end) {
-  using V = Vec<scalar_t>;
+  using M = Memory<scalar_t>;
+  using V = typename M::V;
   const int64_t S = p.state_size;
   const V zero(0);
   for (int64_t row = 0; row < p.batch; ++row) {
@@ -90,7 +122,8 @@ void forward_pass(const ForwardPointers<scalar_t>& p, int64_t col_begin, int64_t
     for (int64_t col = col_begin; col < col_end; col += V::size()) {
       // The range's last vector may be partial: loadu/store take a count.
       const int64_t count = std::min<int64_t>(V::size(), col_end - col);
-      auto load = [count](const scalar_t* ptr) { return V::loadu(ptr, count); };
+      auto load = [count](const scalar_t* ptr) { return M::load(ptr, count); };
+      auto store = [count](const V& value, scalar_t* ptr) { M::store(value, ptr, count); };
 
       const V input_gate = sigmoid(load(gates + col) + load(p.bias + col));
       const V output_gate = sigmoid(load(gates + S + col) + load(p.bias + S + col));
@@ -100,38 +133,40 @@ void forward_pass(const ForwardPointers<scalar_t>& p, int64_t col_begin, int64_t
       const V new_cell = at::vec::fmadd(candidate, input_gate, load(p.old_cell + row_offset + col));
       const V tanh_cell = tanh_from_exp(new_cell);
 
-      input_gate.store(gates + col, count);
-      output_gate.store(gates + S + col, count);
-      candidate.store(gates + 2 * S + col, count);
-      new_cell.store(p.new_cell + row_offset + col, count);
-      tanh_cell.store(p.tanh_cell + row_offset + col, count);
-      (tanh_cell * output_gate).store(p.new_h + row_offset + col, count);
+      store(input_gate, gates + col);
+      store(output_gate, gates + S + col);
+      store(candidate, gates + 2 * S + col);
+      store(new_cell, p.new_cell + row_offset + col);
+      store(tanh_cell, p.tanh_cell + row_offset + col);
+      store(tanh_cell * output_gate, p.new_h + row_offset + col);
     }
   }
 }
 
 template <typename scalar_t>
 void backward_pass(const BackwardPointers<scalar_t>& p, int64_t col_begin, int64_t col_end) {
-  using V = Vec<scalar_t>;
+  using M = Memory<scalar_t>;
+  using opmath_t = typename M::opmath_t;
+  using V = typename M::V;
   const int64_t S = p.state_size;
+  const int64_t width = col_end - col_begin;
   const V zero(0);
   const V one(1);
-  // This range owns these bias entries; rows accumulate into them below.
-  for (int64_t gate = 0; gate < 3; ++gate) {
-    std::fill(p.grad_bias + gate * S + col_begin, p.grad_bias + gate * S + col_end, scalar_t(0));
-  }
+  // This range owns these bias entries.  Rows add into them in opmath_t, so a
+  // bfloat16 bias gradient is rounded once, not once per row.
+  std::vector<opmath_t> bias_sums(3 * width, opmath_t(0));
   for (int64_t row = 0; row < p.batch; ++row) {
     const scalar_t* gates = p.gates + row * 3 * S;
     scalar_t* grad_gates = p.grad_gates + row * 3 * S;
     const int64_t row_offset = row * S;
     for (int64_t col = col_begin; col < col_end; col += V::size()) {
       const int64_t count = std::min<int64_t>(V::size(), col_end - col);
-      auto load = [count](const scalar_t* ptr) { return V::loadu(ptr, count); };
-      // Writes one gate's gradient and adds it to that gate's bias gradient.
+      auto load = [count](const scalar_t* ptr) { return M::load(ptr, count); };
+      // Writes one gate's gradient and adds it to that gate's bias sum.
       auto store_gate = [&](int64_t gate, const V& grad) {
-        grad.store(grad_gates + gate * S + col, count);
-        scalar_t* grad_bias = p.grad_bias + gate * S + col;
-        (load(grad_bias) + grad).store(grad_bias, count);
+        M::store(grad, grad_gates + gate * S + col, count);
+        opmath_t* sum = bias_sums.data() + gate * width + (col - col_begin);
+        (V::loadu(sum, count) + grad).store(sum, count);
       };
 
       const V grad_h = load(p.grad_h + row_offset + col);
@@ -143,13 +178,20 @@ void backward_pass(const BackwardPointers<scalar_t>& p, int64_t col_begin, int64
       // new_h = tanh(new_cell) * output_gate, new_cell = old_cell + candidate * input_gate.
       const V grad_new_cell = at::vec::fmadd(
           (one - tanh_cell * tanh_cell) * output_gate, grad_h, load(p.grad_cell + row_offset + col));
-      grad_new_cell.store(p.grad_old_cell + row_offset + col, count);
+      M::store(grad_new_cell, p.grad_old_cell + row_offset + col, count);
       // Back through the activations: sigmoid' = s (1 - s); elu'(u) is 1 for
       // u > 0 and exp(u) = elu(u) + 1 otherwise, so it needs only elu's output.
       store_gate(0, candidate * grad_new_cell * input_gate * (one - input_gate));
       store_gate(1, tanh_cell * grad_h * output_gate * (one - output_gate));
       const V elu_slope = V::blendv(candidate + one, one, candidate > zero);
       store_gate(2, input_gate * grad_new_cell * elu_slope);
+    }
+  }
+  for (int64_t gate = 0; gate < 3; ++gate) {
+    for (int64_t col = col_begin; col < col_end; col += V::size()) {
+      const int64_t count = std::min<int64_t>(V::size(), col_end - col);
+      M::store(V::loadu(bias_sums.data() + gate * width + (col - col_begin), count),
+               p.grad_bias + gate * S + col, count);
     }
   }
 }
@@ -166,6 +208,12 @@ void backward_pointwise(const BackwardPointers<float>& p, int64_t col_begin, int
   backward_pass(p, col_begin, col_end);
 }
 void backward_pointwise(const BackwardPointers<double>& p, int64_t col_begin, int64_t col_end) {
+  backward_pass(p, col_begin, col_end);
+}
+void forward_pointwise(const ForwardPointers<c10::BFloat16>& p, int64_t col_begin, int64_t col_end) {
+  forward_pass(p, col_begin, col_end);
+}
+void backward_pointwise(const BackwardPointers<c10::BFloat16>& p, int64_t col_begin, int64_t col_end) {
   backward_pass(p, col_begin, col_end);
 }
 
