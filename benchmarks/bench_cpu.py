@@ -12,9 +12,9 @@ timed separately, as in the extension tutorial's benchmark (and lltm bench),
 with the gradients reset to None before each step.
 The small size runs twice: as in the tutorial, where only the parameters
 require grad, and with every input requiring grad, as in an unrolled sequence
-where old_h and old_cell come from the previous step.  The lltm kernels
-compute grad_X = grad_gates @ weights either way (the backend contract asks
-for it), while autograd skips that GEMM for the eager module in the first case.
+where old_h and old_cell come from the previous step: only then does backward
+run the grad_X = grad_gates @ weights GEMM (eager autograd and lltm_cpu alike).
+Then bfloat16 at both sizes.
 """
 
 from __future__ import annotations
@@ -45,29 +45,42 @@ TARGETS = {  # candidate time / baseline time must be at most this
 NOTES = """\
 ## What would close the gaps
 
-- The GEMMs are the floor of the kernel: MKL runs them close to one core's peak
-  at this size, and no other ATen entry point is faster (F.linear, addmm, mm,
-  mm into a preallocated output: all within 1 us of each other; splitting the
-  forward GEMM across the two cores gains nothing, MKL already uses both).
-  Pre-transposing the weights saves ~2 us per GEMM but costs a full copy of
-  them per call.  What is left of the kernel beyond its GEMMs is the fused
-  pointwise pass, the X = cat copy, output allocations and the operator call.
-- Most of the time at B16 is outside the kernel: lltm_core's argument checks,
-  backend choice and the autograd.Function around it (about 15 us after the
-  cuts measured in benchmarks/results/core_overhead.md), plus autograd's own
-  work.  Past that, only a faster GEMM could close the forward target (e.g.
-  MKL's packed GEMM with the packed weights cached across the steps of a
-  sequence, or one input-projection GEMM for a whole sequence: both API
-  changes).
-- Backward: the backward kernel skips the grad_X GEMM when neither input nor
-  old_h needs a gradient (the tutorial's benchmark), as eager autograd does;
-  what remains is grad_weights' GEMM, the fused pass and autograd's engine."""
+- Most of the time at B16 is outside the kernels, and most of that is not
+  lltm_core's.  benchmarks/autograd_floor.py runs the same two lltm_cpu
+  operators from a C++ autograd node, with none of lltm_core's checks, backend
+  choice or Python frames (results/autograd_floor.md): about 0.54x forward and
+  0.74x backward of eager in the same process.  No change to lltm_core's
+  plumbing can therefore reach 0.35x / 0.50x; what remains is the module call,
+  autograd's graph and engine (the timed backward includes the tutorial's
+  new_h.sum() + new_cell.sum() and the backward() call) and the kernels.
+- Moving the autograd node into C++ would buy the difference between those two
+  rows (about 16 us of each pass), at the price of every backend carrying its
+  own autograd logic instead of lltm_core holding it once.  Not done.
+- Of the kernels, the GEMMs are the floor.  MKL runs them on both cores (its
+  Zen AVX2 kernels; this CPU executes AVX-512 as two 256-bit halves, so there
+  is no wider path to find).  No other ATen entry point is faster: F.linear,
+  addmm, mm and mm into a preallocated output are within 1 us of each other,
+  oneDNN's linear with pre-packed weights is slower, and MKL's packed GEMM
+  saves 1-2 us but would need the packed weights cached across calls.  What the
+  kernel adds beyond its GEMMs is the fused pointwise pass (about 5 us forward),
+  the X = cat copy, output allocations and the operator call.
+- Past that, only amortising over the steps of a sequence would help (one
+  input-projection GEMM for the whole sequence, or a whole-sequence operator):
+  an API change.
+- Backward runs the grad_X GEMM only when input or old_h needs a gradient, as
+  eager autograd does, so in the tutorial's benchmark it is grad_weights' GEMM,
+  the fused pass and autograd's engine.
+- bfloat16 keeps tensors in bfloat16 and computes the pointwise passes in
+  float.  Its GEMMs are about 2.3x faster than float32's at B256 here (the CPU
+  has AVX512-BF16); the pointwise passes convert through a small float buffer
+  per vector, which is what puts the bfloat16 step further above its GEMMs than
+  float32's.  Vector conversions would narrow that."""
 
 
-def make_step(module, batch, input_features, state_size, inputs_require_grad):
+def make_step(module, batch, input_features, state_size, inputs_require_grad, dtype=torch.float32):
     """A function running one timed step of ``module``: (forward ns, backward ns)."""
-    input = torch.randn(batch, input_features, requires_grad=inputs_require_grad)
-    state = tuple(torch.randn(batch, state_size, requires_grad=inputs_require_grad) for _ in range(2))
+    input = torch.randn(batch, input_features, dtype=dtype, requires_grad=inputs_require_grad)
+    state = tuple(torch.randn(batch, state_size, dtype=dtype, requires_grad=inputs_require_grad) for _ in range(2))
     leaves = [input, *state, *module.parameters()]
 
     def step():
@@ -85,36 +98,39 @@ def make_step(module, batch, input_features, state_size, inputs_require_grad):
     return step
 
 
-def make_kernel_step(batch, input_features, state_size):
+def make_kernel_step(batch, input_features, state_size, needs_grad_X, dtype=torch.float32):
     """torch.ops.lltm_cpu.forward and .backward called directly: no lltm_core, no autograd."""
-    weights = torch.randn(3 * state_size, state_size + input_features) / math.sqrt(state_size)
-    args = (torch.randn(batch, input_features), weights, torch.randn(3 * state_size),
-            torch.randn(batch, state_size), torch.randn(batch, state_size))
-    ones = torch.ones(batch, state_size)
+    weights = torch.randn(3 * state_size, state_size + input_features, dtype=dtype) / math.sqrt(state_size)
+    args = (torch.randn(batch, input_features, dtype=dtype), weights, torch.randn(3 * state_size, dtype=dtype),
+            torch.randn(batch, state_size, dtype=dtype), torch.randn(batch, state_size, dtype=dtype))
+    ones = torch.ones(batch, state_size, dtype=dtype)
+    forward, backward = torch.ops.lltm_cpu.forward.default, torch.ops.lltm_cpu.backward.default
 
     def step():
         start = time.perf_counter_ns()
-        _, _, *saved = torch.ops.lltm_cpu.forward(*args)
+        _, _, *saved = forward(*args)
         mid = time.perf_counter_ns()
-        torch.ops.lltm_cpu.backward(ones, ones, weights, *saved, True)
+        backward(ones, ones, weights, *saved, needs_grad_X)
         return mid - start, time.perf_counter_ns() - mid
 
     return step
 
 
-def make_gemm_step(batch, input_features, state_size):
-    """The GEMMs of one LLTM step and nothing else: addmm forward, two mm backward."""
-    X = torch.randn(batch, state_size + input_features)
-    weights = torch.randn(3 * state_size, state_size + input_features)
-    bias = torch.randn(3 * state_size)
-    grad_gates = torch.randn(batch, 3 * state_size)
+def make_gemm_step(batch, input_features, state_size, needs_grad_X, dtype=torch.float32):
+    """The GEMMs of one LLTM step and nothing else: addmm forward; grad_weights' mm backward, and
+    grad_X's mm if ``needs_grad_X`` (as autograd, and lltm_cpu, skip it when no input needs a gradient)."""
+    X = torch.randn(batch, state_size + input_features, dtype=dtype)
+    weights = torch.randn(3 * state_size, state_size + input_features, dtype=dtype)
+    bias = torch.randn(3 * state_size, dtype=dtype)
+    grad_gates = torch.randn(batch, 3 * state_size, dtype=dtype)
 
     def step():
         start = time.perf_counter_ns()
         torch.addmm(bias, X, weights.t())
         mid = time.perf_counter_ns()
         grad_gates.t().mm(X)
-        grad_gates.mm(weights)
+        if needs_grad_X:
+            grad_gates.mm(weights)
         return mid - start, time.perf_counter_ns() - mid
 
     return step
@@ -162,6 +178,27 @@ def measure(steps: dict, rounds: int, steps_per_round: int, warmup: int) -> tupl
     return medians, others
 
 
+def measure_large(dtype: torch.dtype, rounds: int) -> tuple[dict, float]:
+    """lltm cpu at the large size against its GEMMs alone, every input requiring grad (all three GEMMs)."""
+    model = lltm_core.LLTM(LARGE["input_features"], LARGE["state_size"], backend="cpu", dtype=dtype)
+    return measure(
+        {
+            "lltm cpu": make_step(model, **LARGE, inputs_require_grad=True, dtype=dtype),
+            "GEMMs alone": make_gemm_step(**LARGE, needs_grad_X=True, dtype=dtype),
+        },
+        # Ten warm-up steps: until then fresh multi-MB allocations page-fault
+        # (glibc adapts its mmap threshold), which a training loop pays only once.
+        max(rounds // 10, 1), 3, warmup=10,
+    )
+
+
+def large_size_table(large: dict) -> list[str]:
+    lines = ["| candidate | forward (ms) | backward (ms) | step (ms) |", "|---|---:|---:|---:|"]
+    for name, (fwd, bwd, total) in large.items():
+        lines.append(f"| {name} | {fwd / 1e3:.2f} | {bwd / 1e3:.2f} | {total / 1e3:.2f} |")
+    return lines
+
+
 def cpu_model() -> str:
     try:
         with open("/proc/cpuinfo") as f:
@@ -203,24 +240,39 @@ def main() -> None:
     for name in ("lltm cpu", "lltm ref"):  # same parameters as the eager module
         modules[name].load_state_dict(eager.state_dict())
     lltm_core.get_backend("cpu")  # loads the torch.ops.lltm_cpu operators
-    floors = {"lltm_cpu ops alone": make_kernel_step(**SMALL), "GEMMs alone": make_gemm_step(**SMALL)}
     small, others = {}, 0.0
     for inputs_require_grad in (False, True):
         steps = {name: make_step(m, **SMALL, inputs_require_grad=inputs_require_grad) for name, m in modules.items()}
+        floors = {
+            "lltm_cpu ops alone": make_kernel_step(**SMALL, needs_grad_X=inputs_require_grad),
+            "GEMMs alone": make_gemm_step(**SMALL, needs_grad_X=inputs_require_grad),
+        }
         small[inputs_require_grad], busy = measure({**steps, **floors}, args.rounds, args.steps, warmup=100)
         others += busy
 
-    large_model = lltm_core.LLTM(LARGE["input_features"], LARGE["state_size"], backend="cpu")
-    large, busy = measure(
+    large, busy = measure_large(torch.float32, args.rounds)
+    others += busy
+
+    # bfloat16: the same module and sizes, stored in bfloat16 (lltm_cpu computes its pointwise passes in float).
+    bf16 = {"dtype": torch.bfloat16}
+    eager_bf16 = SeedLLTM(SMALL["input_features"], SMALL["state_size"], **bf16)
+    small_bf16, busy = measure(
         {
-            # Inputs require grad, so the step runs all three GEMMs the floor counts.
-            "lltm cpu": make_step(large_model, **LARGE, inputs_require_grad=True),
-            "GEMMs alone": make_gemm_step(**LARGE),
+            "eager PyTorch": make_step(eager_bf16, **SMALL, inputs_require_grad=False, **bf16),
+            **{
+                f"lltm {name}": make_step(
+                    lltm_core.LLTM(SMALL["input_features"], SMALL["state_size"], backend=name, **bf16),
+                    **SMALL, inputs_require_grad=False, **bf16,
+                )
+                for name in ("cpu", "ref")
+            },
+            "lltm_cpu ops alone": make_kernel_step(**SMALL, needs_grad_X=False, **bf16),
+            "GEMMs alone": make_gemm_step(**SMALL, needs_grad_X=False, **bf16),
         },
-        # Ten warm-up steps: until then fresh multi-MB allocations page-fault
-        # (glibc adapts its mmap threshold), which a training loop pays only once.
-        max(args.rounds // 10, 1), 3, warmup=10,
+        max(args.rounds // 2, 1), args.steps, warmup=100,
     )
+    others += busy
+    large_bf16, busy = measure_large(torch.bfloat16, args.rounds)
     others += busy
 
     tutorial = small[False]
@@ -252,11 +304,19 @@ def main() -> None:
         "",
         f"## B{LARGE['batch']} I{LARGE['input_features']} S{LARGE['state_size']}, forward + backward",
         "",
-        "| candidate | forward (ms) | backward (ms) | step (ms) |",
-        "|---|---:|---:|---:|",
+        *large_size_table(large),
+        "",
+        f"## bfloat16: {size}, only the parameters require grad",
+        "",
+        *small_size_table(small_bf16),
+        "",
+        f"## bfloat16: B{LARGE['batch']} I{LARGE['input_features']} S{LARGE['state_size']}, forward + backward",
+        "",
+        *large_size_table(large_bf16),
+        "",
+        f"lltm cpu step / GEMMs alone: {large_bf16['lltm cpu'][2] / large_bf16['GEMMs alone'][2]:.2f} "
+        f"(float32: {large['lltm cpu'][2] / large['GEMMs alone'][2]:.2f}).",
     ]
-    for name, (fwd, bwd, total) in large.items():
-        lines.append(f"| {name} | {fwd / 1e3:.2f} | {bwd / 1e3:.2f} | {total / 1e3:.2f} |")
     lines += ["", "## Targets (the tutorial's benchmark)", "", "| ratio | measured | target | met |", "|---|---:|---:|---|"]
     for what, ratio, target in checks:
         lines.append(f"| {what} | {ratio:.2f} | <= {target:.2f} | {'yes' if ratio <= target else 'NO'} |")

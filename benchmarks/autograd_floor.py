@@ -1,0 +1,158 @@
+#!/usr/bin/env python3
+"""How fast lltm-cpu could be at the tutorial's size if lltm_core cost nothing.
+
+    python benchmarks/autograd_floor.py [--output benchmarks/results/autograd_floor.md]
+
+Issue 3 asks lltm-cpu for forward <= 0.35x and backward <= 0.50x the eager
+module at B16 I32 S128 (the tutorial's benchmark: only the parameters require
+grad).  lltm_core puts the kernels behind argument checks, a backend choice and
+a Python ``torch.autograd.Function``.  This compiles (once, with ninja) the
+cheapest possible wrapper for the same two lltm_cpu operators: a C++
+``torch::autograd::Function`` called through pybind11, with no checks and no
+choice at all.  Timed in one process, interleaved with the eager module and
+with ``lltm_core.LLTM(backend="cpu")``, it gives the floor that any change to
+lltm_core's plumbing is up against.
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import sys
+from pathlib import Path
+
+import torch
+from torch.utils import cpp_extension
+
+import lltm_core
+from lltm_core.testing import SeedLLTM
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_cpu import SMALL, TARGETS, make_step, measure  # noqa: E402
+
+# The lltm_cpu operators found through the dispatcher, wrapped in a C++ autograd node.
+_CPP = r"""
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+using Tensor = at::Tensor;
+
+struct LLTMFunction : torch::autograd::Function<LLTMFunction> {
+  static variable_list forward(AutogradContext* ctx, Tensor input, Tensor weights, Tensor bias, Tensor old_h,
+                               Tensor old_cell) {
+    static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("lltm_cpu::forward", "").typed<
+        std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor>(const Tensor&, const Tensor&, const Tensor&,
+                                                           const Tensor&, const Tensor&)>();
+    auto [new_h, new_cell, X, gates, tanh_cell] = op.call(input, weights, bias, old_h, old_cell);
+    ctx->save_for_backward({weights, X, gates, tanh_cell});
+    return {new_h, new_cell};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("lltm_cpu::backward", "").typed<
+        std::tuple<Tensor, Tensor, Tensor, Tensor>(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                                                   const Tensor&, const Tensor&, bool)>();
+    const auto saved = ctx->get_saved_variables();
+    const bool needs_grad_X = ctx->needs_input_grad(0) || ctx->needs_input_grad(3);
+    auto [grad_X, grad_weights, grad_bias, grad_old_cell] =
+        op.call(grads[0], grads[1], saved[0], saved[1], saved[2], saved[3], needs_grad_X);
+    Tensor grad_input, grad_old_h;
+    if (needs_grad_X) {
+      const int64_t state_size = grads[0].size(1);
+      auto parts = grad_X.split_with_sizes({state_size, grad_X.size(1) - state_size}, 1);
+      grad_old_h = parts[0];
+      grad_input = parts[1];
+    }
+    return {grad_input, grad_weights, grad_bias, grad_old_h, grad_old_cell};
+  }
+};
+
+std::vector<Tensor> lltm(Tensor input, Tensor weights, Tensor bias, Tensor old_h, Tensor old_cell) {
+  return LLTMFunction::apply(input, weights, bias, old_h, old_cell);
+}
+"""
+
+
+class CppAutogradLLTM(torch.nn.Module):
+    """The tutorial's module, running lltm_cpu's kernels through the C++ autograd node."""
+
+    def __init__(self, like: torch.nn.Module, extension):
+        super().__init__()
+        self.weights, self.bias, self._lltm = like.weights, like.bias, extension.lltm
+
+    def forward(self, input, state):
+        new_h, new_cell = self._lltm(input, self.weights, self.bias, state[0], state[1])
+        return new_h, new_cell
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rounds", type=int, default=100)
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--output", help="write the Markdown report here as well as to stdout")
+    args = parser.parse_args()
+
+    if not cpp_extension.is_ninja_available():
+        sys.exit("autograd_floor.py compiles a small C++ extension and needs ninja: pip install ninja")
+    lltm_core.get_backend("cpu")  # registers the torch.ops.lltm_cpu operators the extension calls
+    extension = cpp_extension.load_inline("lltm_autograd_floor", cpp_sources=[_CPP], functions=["lltm"],
+                                          extra_cflags=["-O2"])
+    torch.manual_seed(0)
+    eager = SeedLLTM(SMALL["input_features"], SMALL["state_size"])
+    through_core = lltm_core.LLTM(SMALL["input_features"], SMALL["state_size"], backend="cpu")
+    through_core.load_state_dict(eager.state_dict())
+    cpp = CppAutogradLLTM(eager, extension)
+
+    # The C++ node must compute what lltm_core computes, gradients included.
+    input = torch.randn(SMALL["batch"], SMALL["input_features"])
+    state = (torch.randn(SMALL["batch"], SMALL["state_size"]), torch.randn(SMALL["batch"], SMALL["state_size"]))
+    results = []
+    for module in (through_core, cpp):
+        module.zero_grad(set_to_none=True)
+        eager.zero_grad(set_to_none=True)
+        new_h, new_cell = module(input, state)
+        (new_h.sum() + new_cell.sum()).backward()
+        results.append([new_h, new_cell, *(p.grad for p in module.parameters())])
+    for got, want in zip(*results):
+        torch.testing.assert_close(got, want)
+
+    times, others = measure(
+        {
+            "eager PyTorch": make_step(eager, **SMALL, inputs_require_grad=False),
+            "lltm cpu (lltm_core.LLTM)": make_step(through_core, **SMALL, inputs_require_grad=False),
+            "lltm_cpu kernels in a C++ autograd node": make_step(cpp, **SMALL, inputs_require_grad=False),
+        },
+        args.rounds, args.steps, warmup=100,
+    )
+    base_fwd, base_bwd, _ = times["eager PyTorch"]
+    size = f"B{SMALL['batch']} I{SMALL['input_features']} S{SMALL['state_size']}"
+    lines = [
+        "# lltm-cpu without lltm_core: the floor of the tutorial's benchmark",
+        "",
+        f"Command: `python {' '.join(sys.argv)}`",
+        "",
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads, Python {platform.python_version()}. "
+        f"{size}, only the parameters require grad; medians of interleaved rounds; "
+        f"other processes used {others:.1f} CPU-seconds meanwhile.",
+        "",
+        "| candidate | forward (us) | backward (us) | forward / eager | backward / eager |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for name, (fwd, bwd, _) in times.items():
+        lines.append(f"| {name} | {fwd:.1f} | {bwd:.1f} | {fwd / base_fwd:.2f} | {bwd / base_bwd:.2f} |")
+    lines += [
+        "",
+        f"Issue 3's targets: forward <= {TARGETS['forward']}x, backward <= {TARGETS['backward']}x. "
+        "The C++ node has none of lltm_core's checks, backend choice or Python frames; "
+        "what it still pays is the module call, autograd's graph and engine, and the kernels.",
+    ]
+    report = "\n".join(lines) + "\n"
+    print(report)
+    if args.output:
+        Path(args.output).write_text(report)
+
+
+if __name__ == "__main__":
+    main()
