@@ -11,6 +11,7 @@
 #endif
 
 #include <ATen/OpMathType.h>
+#include <ATen/cpu/vec/functional.h>
 #include <ATen/cpu/vec/vec.h>
 
 #include <algorithm>
@@ -30,7 +31,9 @@ using Vec = at::vec::Vectorized<scalar_t>;
 
 // Loads and stores of up to one vector of `count` elements of a tensor of
 // scalar_t, as vectors of opmath_t, the type the passes compute in: float for
-// bfloat16 (as ATen's own kernels do), scalar_t itself otherwise.
+// bfloat16 (as ATen's own kernels do), scalar_t itself otherwise.  A whole
+// bfloat16 vector converts in registers; a partial one (the end of a row)
+// goes through a small float buffer.
 template <typename scalar_t>
 struct Memory {
   using opmath_t = at::opmath_type<scalar_t>;
@@ -40,6 +43,11 @@ struct Memory {
     if constexpr (std::is_same_v<scalar_t, opmath_t>) {
       return V::loadu(ptr, count);
     } else {
+      if (count == V::size()) {
+        V widened;
+        at::vec::load_to_float(ptr, widened);
+        return widened;
+      }
       opmath_t widened[V::size()];
       at::vec::convert(ptr, widened, count);
       return V::loadu(widened, count);
@@ -50,6 +58,11 @@ struct Memory {
     if constexpr (std::is_same_v<scalar_t, opmath_t>) {
       value.store(ptr, count);
     } else {
+      if (count == V::size()) {
+        // Converts two float vectors into one of scalar_t; only the first half is stored.
+        at::vec::convert_from_float<scalar_t>(value, value).store(ptr, count);
+        return;
+      }
       opmath_t wide[V::size()];
       value.store(wide, count);
       at::vec::convert(wide, ptr, count);
