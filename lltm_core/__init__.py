@@ -82,11 +82,19 @@ def lltm(input, weights, bias, old_h, old_cell, *, backend: str | Backend | None
     """
     check_lltm_args(input, weights, bias, old_h, old_cell)
     if _compiling():
-        # The choice is made once, while tracing, and baked into the graph as
-        # a call to that backend's custom operator.
-        name = _traced_choice(input.device.type, input.dtype, backend)
+        # The choice is made while tracing and baked into the graph as a call
+        # to that backend's custom operator.  Reading the registry's compile_*
+        # globals here makes Dynamo guard on them, so a later use_backend()
+        # block or refresh() retraces (see _registry.compile_hint).  When
+        # backend= names nothing, the operator checks the choice again each
+        # time it runs.
+        name = _traced_choice(
+            input.device.type, input.dtype, backend, _registry.compile_hint, _registry.compile_generation
+        )
+        named = backend if isinstance(backend, str) else backend.name if isinstance(backend, Backend) else None
         out = getattr(torch.ops.lltm, f"{name}_forward")(
-            input.contiguous(), weights.contiguous(), bias.contiguous(), old_h.contiguous(), old_cell.contiguous()
+            input.contiguous(), weights.contiguous(), bias.contiguous(), old_h.contiguous(), old_cell.contiguous(),
+            named,
         )
         return out[0], out[1]
     device_type = "cpu" if input.is_cpu else input.device.type  # .device builds an object: skip it for CPU
@@ -97,7 +105,9 @@ def lltm(input, weights, bias, old_h, old_cell, *, backend: str | Backend | None
 
 
 @torch.compiler.assume_constant_result
-def _traced_choice(device_type: str, dtype: torch.dtype, backend) -> str:
+def _traced_choice(device_type: str, dtype: torch.dtype, backend, compile_hint, compile_generation) -> str:
+    # compile_hint and compile_generation are unused here: they are arguments so
+    # that the caller reads them, and Dynamo guards on them.
     chosen = _choose(device_type, dtype, backend)
     _autograd.ops_for(chosen)  # registers torch.ops.lltm.<name>_forward on first use
     return chosen.name

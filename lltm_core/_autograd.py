@@ -22,10 +22,17 @@ from __future__ import annotations
 import threading
 
 import torch
+import torch.autograd.forward_ad as _forward_ad
 
+from . import _registry
+from ._registry import BackendError
 from .backend import Backend
 
-_FORWARD_SCHEMA = "(Tensor input, Tensor weights, Tensor bias, Tensor old_h, Tensor old_cell) -> Tensor[]"
+# `named`: the backend the caller named with backend=, or None when lltm chose
+# it, in which case the operator checks that lltm would still choose it.
+_FORWARD_SCHEMA = (
+    "(Tensor input, Tensor weights, Tensor bias, Tensor old_h, Tensor old_cell, str? named=None) -> Tensor[]"
+)
 _BACKWARD_SCHEMA = (
     "(Tensor grad_new_h, Tensor grad_new_cell, Tensor weights, Tensor[] saved, bool needs_grad_X) -> Tensor[]"
 )
@@ -39,8 +46,17 @@ def _split_grad_X(grad_X: torch.Tensor, state_size: int, needs_grad_X: bool):
     return grad_input, grad_old_h
 
 
+# torch hands a custom operator's backward zeros for an output nobody
+# differentiated (torch 2.13 does, test_one_output_used checks the results);
+# torch.library does not promise it, hence None is handled too.
 def _grad_or_zeros(grad, like):
     return torch.zeros_like(like) if grad is None else grad
+
+
+_DOUBLE_BACKWARD = (
+    "lltm: double backward (differentiating lltm's gradients again) is not supported: "
+    "the backends' backward kernels are not differentiable"
+)
 
 
 class _LLTMFunction(torch.autograd.Function):
@@ -53,22 +69,37 @@ class _LLTMFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_new_h, grad_new_cell):
-        # Autograd runs a backward with grad mode on only for create_graph=True.
-        # Backend kernels have no derivatives of their own, so say so here
-        # (torch's once_differentiable does the same later, at ~9 us a call).
-        if torch.is_grad_enabled():
-            raise RuntimeError(
-                "lltm: double backward (create_graph=True through lltm) is not supported: "
-                "the backends' backward kernels are not differentiable"
-            )
-        weights, *saved = ctx.saved_tensors
-        _, needs_input, _, _, needs_old_h, _ = ctx.needs_input_grad
-        needs_grad_X = needs_input or needs_old_h
-        grad_X, grad_weights, grad_bias, grad_old_cell = ctx.backend.backward(
-            grad_new_h, grad_new_cell, weights, *saved, needs_grad_X
+        if not torch.is_grad_enabled():
+            return _backward(ctx, grad_new_h, grad_new_cell)
+        # create_graph=True (the only time autograd runs a backward with grad
+        # mode on).  The gradients themselves are fine; differentiating them
+        # again is what cannot work, so, as torch's once_differentiable does,
+        # they get a grad_fn that raises only then.  Not once_differentiable
+        # itself: it costs ~9 us on every call and its message does not say
+        # which function refused.
+        with torch.no_grad():
+            grads = _backward(ctx, grad_new_h, grad_new_cell)
+        fail_if_differentiated = torch._C._functions.DelayedError(_DOUBLE_BACKWARD.encode(), len(grads))
+        with torch.enable_grad():
+            return fail_if_differentiated(*(g if g is None else g.detach().requires_grad_() for g in grads))
+
+    @staticmethod
+    def jvp(ctx, *tangents):
+        raise RuntimeError(
+            "lltm: forward-mode AD (torch.autograd.forward_ad, torch.func.jvp) is not supported: "
+            "the backends have no forward-mode derivative"
         )
-        grad_input, grad_old_h = _split_grad_X(grad_X, grad_old_cell.shape[1], needs_grad_X)
-        return None, grad_input, grad_weights, grad_bias, grad_old_h, grad_old_cell
+
+
+def _backward(ctx, grad_new_h, grad_new_cell):
+    weights, *saved = ctx.saved_tensors
+    _, needs_input, _, _, needs_old_h, _ = ctx.needs_input_grad
+    needs_grad_X = needs_input or needs_old_h
+    grad_X, grad_weights, grad_bias, grad_old_cell = ctx.backend.backward(
+        grad_new_h, grad_new_cell, weights, *saved, needs_grad_X
+    )
+    grad_input, grad_old_h = _split_grad_X(grad_X, grad_old_cell.shape[1], needs_grad_X)
+    return None, grad_input, grad_weights, grad_bias, grad_old_h, grad_old_cell
 
 
 # Function.apply's Python wrapper only adds support for functorch transforms
@@ -83,7 +114,7 @@ def apply_eager(backend: Backend, input, weights, bias, old_h, old_cell):
     if torch.is_grad_enabled() and (
         input.requires_grad or weights.requires_grad or bias.requires_grad
         or old_h.requires_grad or old_cell.requires_grad
-    ):
+    ) or _forward_ad._current_level >= 0:  # inside forward_ad.dual_level(): the Function's jvp says no
         if _functorch_active():
             return _LLTMFunction.apply(backend, input, weights, bias, old_h, old_cell)
         return _apply_without_functorch(backend, input, weights, bias, old_h, old_cell)
@@ -94,26 +125,53 @@ def apply_eager(backend: Backend, input, weights, bias, old_h, old_cell):
 
 # --- custom operators, one pair per backend, made on first use -------------
 
-_ops: dict[str, tuple] = {}
+_ops: dict[str, tuple] = {}  # name -> (the kernels they run, forward_op, backward_op)
 _ops_lock = threading.Lock()
 
 
 def ops_for(backend: Backend):
-    """(forward_op, backward_op) for ``backend``, registering them once per process."""
-    pair = _ops.get(backend.name)
-    if pair is None:
+    """(forward_op, backward_op) for ``backend``, registering them once per process.
+
+    torch.library cannot replace an operator, so a second backend with the same
+    name but other kernels is refused rather than given the first one's.
+    """
+    kernels = (backend.forward, backend.backward, backend.saved_layout)
+    entry = _ops.get(backend.name)
+    if entry is None:
         with _ops_lock:
-            pair = _ops.get(backend.name)
-            if pair is None:
-                pair = _ops[backend.name] = _register(backend)
-    return pair
+            entry = _ops.get(backend.name)
+            if entry is None:
+                entry = _ops[backend.name] = (kernels, *_register(backend))
+    if entry[0] != kernels:
+        raise BackendError(
+            f"lltm: the custom operators lltm::{backend.name}_forward/_backward of this process already run "
+            f"another backend named {backend.name!r}, and torch.library cannot replace them: "
+            f"give this backend a name of its own"
+        )
+    return entry[1], entry[2]
+
+
+def _check_traced_choice(traced: str, input: torch.Tensor) -> None:
+    """Raise unless lltm would still choose ``traced`` for this call (see _registry.compile_hint)."""
+    now = _registry.select(input.device.type, input.dtype)  # raises itself if nothing can take it
+    if now.name != traced:
+        requested, source = _registry._requested()
+        why = f"asked for by {source}" if requested is not None else "the highest priority now"
+        raise BackendError(
+            f"lltm: this torch.compile'd code was traced to run backend {traced!r}, but lltm now chooses "
+            f"{now.name!r} ({why}). A compiled graph keeps the backend chosen when it was traced: call "
+            f"torch._dynamo.reset() after changing LLTM_BACKEND, LLTM_DISABLE_BACKENDS or the installed "
+            f"backends, or pass backend= to lltm()"
+        )
 
 
 def _register(backend: Backend):
     name = backend.name
     fwd_kernel, bwd_kernel, layout = backend.forward, backend.backward, backend.saved_layout
 
-    def forward_impl(input, weights, bias, old_h, old_cell):
+    def forward_impl(input, weights, bias, old_h, old_cell, named=None):
+        if named is None:
+            _check_traced_choice(name, input)
         return list(fwd_kernel(input, weights, bias, old_h, old_cell))
 
     def backward_impl(grad_new_h, grad_new_cell, weights, saved, needs_grad_X):
@@ -127,7 +185,7 @@ def _register(backend: Backend):
     )
 
     @forward_op.register_fake
-    def _(input, weights, bias, old_h, old_cell):
+    def _(input, weights, bias, old_h, old_cell, named=None):
         B, I = input.shape
         S = old_h.shape[1]
         shapes = [(B, S), (B, S), *layout(B, I, S).values()]
@@ -150,15 +208,15 @@ def _register(backend: Backend):
         weights, *saved = ctx.saved_tensors
         grad_new_h, grad_new_cell = grads[0], grads[1]
         if grad_new_h is None and grad_new_cell is None:
-            return None, None, None, None, None
+            return None, None, None, None, None, None
         like = grad_new_cell if grad_new_h is None else grad_new_h
-        needs_input, _, _, needs_old_h, _ = ctx.needs_input_grad
+        needs_input, _, _, needs_old_h, _, _ = ctx.needs_input_grad
         needs_grad_X = needs_input or needs_old_h
         grad_X, grad_weights, grad_bias, grad_old_cell = backward_op(
             _grad_or_zeros(grad_new_h, like), _grad_or_zeros(grad_new_cell, like), weights, saved, needs_grad_X
         )
         grad_input, grad_old_h = _split_grad_X(grad_X, grad_old_cell.shape[1], needs_grad_X)
-        return grad_input, grad_weights, grad_bias, grad_old_h, grad_old_cell
+        return grad_input, grad_weights, grad_bias, grad_old_h, grad_old_cell, None
 
     forward_op.register_autograd(backward, setup_context=setup_context)
     return forward_op, backward_op

@@ -79,6 +79,19 @@ _choice_cache: dict[tuple, Backend] = {}
 # use_backend() choice; a ContextVar so threads and asyncio tasks don't see each other's.
 _context_choice: contextvars.ContextVar[str | None] = contextvars.ContextVar("lltm_backend", default=None)
 
+# What torch.compile guards on.  Dynamo cannot trace a ContextVar and reads
+# os.environ without guarding on it, so a compiled graph would otherwise keep
+# whatever backend was chosen when it was traced.  These two plain globals
+# change whenever the choice may: the innermost use_backend() name (of the
+# thread that entered a block last) and a count of refresh() calls.  Dynamo
+# guards on their values, so entering or leaving a use_backend() block, or
+# refreshing, retraces.  Where they cannot tell (another thread's block,
+# LLTM_BACKEND or LLTM_DISABLE_BACKENDS changed after tracing), the compiled
+# operator checks the choice again when it runs and raises rather than run a
+# backend nobody chose (lltm_core._autograd).
+compile_hint: str | None = None
+compile_generation = 0
+
 
 def _disabled_names() -> set[str]:
     return {n.strip() for n in (_env_disabled() or "").split(",") if n.strip()}
@@ -154,10 +167,11 @@ def _records_by_name() -> dict[str, list[BackendRecord]]:
 
 def refresh() -> None:
     """Forget everything discovered and loaded (e.g. after installing a backend)."""
-    global _records
+    global _records, compile_generation
     with _lock:
         _records = None
         _choice_cache.clear()
+        compile_generation += 1
 
 
 def _load(rec: BackendRecord) -> None:
@@ -246,11 +260,14 @@ def use_backend(name: str):
     """Use backend ``name`` for every call in this block that does not name one itself."""
     if not isinstance(name, str) or not name:
         raise TypeError(f"use_backend() takes a backend name, got {name!r}")
+    global compile_hint
     token = _context_choice.set(name)
+    outer_hint, compile_hint = compile_hint, name
     try:
         yield
     finally:
         _context_choice.reset(token)
+        compile_hint = outer_hint
 
 
 def _dtype_name(dtype: torch.dtype) -> str:

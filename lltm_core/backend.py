@@ -94,6 +94,8 @@ class Backend:
     #: torch device types the kernels run on, e.g. ``{"cpu"}`` or ``{"cuda"}``.
     devices: frozenset[str]
     #: dtypes the kernels accept; every tensor of a call has the same dtype.
+    #: Must include float32 and float64: the conformance kit runs gradcheck in
+    #: float64 and its torch.compile check in float32.
     dtypes: frozenset[torch.dtype]
     #: Higher wins when several available backends can take a call.  The
     #: reference uses 0; fused backends use 100 or more.

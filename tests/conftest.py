@@ -71,9 +71,13 @@ def fake_backends(tmp_path, monkeypatch):
     real_entry_points = metadata.entry_points
 
     def visible_entry_points(**selection):
-        return [ep for ep in real_entry_points(**selection)
-                if ep.dist is None or ep.dist.metadata["Name"] == "lltm-ref"
-                or ep.dist.metadata["Name"].startswith("lltm-fake")]
+        if selection.get("group") != "lltm.backends":  # torch's own entry points, for one
+            return real_entry_points(**selection)
+        return metadata.EntryPoints(
+            ep for ep in real_entry_points(**selection)
+            if ep.dist is None or ep.dist.metadata["Name"] == "lltm-ref"
+            or ep.dist.metadata["Name"].startswith("lltm-fake")
+        )
 
     monkeypatch.setattr(metadata, "entry_points", visible_entry_points)
     monkeypatch.delenv("LLTM_BACKEND", raising=False)

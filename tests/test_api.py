@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import lltm_core
-from lltm_core.testing import SeedLLTM, compare_with_reference, make_inputs, tolerance
+from lltm_core.testing import SeedLLTM, compare_with_reference, make_inputs, reference_lltm, tolerance
 
 B, I, S = 4, 3, 5
 
@@ -124,14 +124,31 @@ def test_opcheck_catches_an_aliasing_backend():
 
     forward_op, _ = ops_for(aliasing)
     with pytest.raises(Exception, match="(?i)alias"):
-        torch.library.opcheck(forward_op, make_inputs(2, 3, 4))
+        torch.library.opcheck(forward_op, (*make_inputs(2, 3, 4), "aliasing"))
 
 
-def test_double_backward_is_refused_with_a_reason():
-    inputs = make_inputs(2, 3, 4)
-    new_h, new_cell = lltm_core.lltm(*inputs)
-    with pytest.raises(RuntimeError, match="double backward .* is not supported"):
-        torch.autograd.grad(new_h.sum() + new_cell.sum(), inputs, create_graph=True)
+@pytest.mark.parametrize("backend", ["ref", *(["cpu"] if "cpu" in lltm_core.available_backends() else [])])
+def test_double_backward_is_refused_with_a_reason(backend):
+    """create_graph=True gives the right gradients; differentiating them again raises, naming lltm."""
+    inputs = make_inputs(2, 3, 4, dtype=torch.float64)
+    new_h, new_cell = lltm_core.lltm(*inputs, backend=backend)
+    grads = torch.autograd.grad(new_h.sum() + new_cell.sum(), inputs, create_graph=True)
+    want = torch.autograd.grad(sum(t.sum() for t in reference_lltm(*inputs)), inputs)
+    for got, expected in zip(grads, want):
+        torch.testing.assert_close(got, expected)
+    with pytest.raises(RuntimeError, match="lltm: double backward .* is not supported"):
+        sum(g.sum() for g in grads).backward()
+
+
+@pytest.mark.parametrize("backend", ["ref", *(["cpu"] if "cpu" in lltm_core.available_backends() else [])])
+@pytest.mark.parametrize("requires_grad", [False, True], ids=["plain", "requires_grad"])
+def test_forward_mode_ad_is_refused_with_a_reason(backend, requires_grad):
+    import torch.autograd.forward_ad as fwAD
+
+    inputs = make_inputs(2, 3, 4, requires_grad=requires_grad)
+    with fwAD.dual_level(), pytest.raises(RuntimeError, match="lltm: forward-mode AD .* is not supported"):
+        dual_input = fwAD.make_dual(inputs[0], torch.randn_like(inputs[0]))
+        lltm_core.lltm(dual_input, *inputs[1:], backend=backend)
 
 
 def test_a_compiled_backends_stand_in_kernel_says_why_it_cannot_run():

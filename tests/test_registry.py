@@ -65,7 +65,8 @@ def test_explicit_request_for_unavailable_backend_fails_with_reason(fake_backend
         lltm_core.lltm(*make_inputs(2, 3, 4), backend="nogpu")
 
 
-def test_unknown_backend_names_it_and_says_what_to_install():
+def test_unknown_backend_names_it_and_says_what_to_install(fake_backends):
+    # fake_backends: only lltm-ref is visible, even where lltm-cuda is installed
     with pytest.raises(BackendError) as err:
         lltm_core.get_backend("cuda")
     message = str(err.value)

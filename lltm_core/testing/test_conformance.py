@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import lltm_core
-from lltm_core.testing import compare_with_reference, make_inputs, max_rel_error, tolerance
+from lltm_core.testing import GRAD_NAMES, compare_with_reference, make_inputs, max_rel_error, tolerance
 
 # (batch, input_features, state_size): ones, odd and prime sizes, the seed's
 # size, a state larger than a 1024-thread block, and a batch/state product
@@ -39,13 +39,29 @@ def test_matches_reference(backend, lltm_device, lltm_dtype, shape):
     _assert_close(compare_with_reference(backend.name, inputs), lltm_dtype, f"{backend.name} at B,I,S={shape}")
 
 
+@pytest.mark.parametrize("route", ["lltm", "operator"])
 @pytest.mark.parametrize("used", ["new_h", "new_cell"])
-def test_one_output_used(backend, lltm_device, lltm_dtype, used):
-    """Autograd hands the backward zeros for an unused output; results must still match."""
+def test_one_output_used(backend, lltm_device, lltm_dtype, used, route):
+    """Only one output is differentiated: autograd has no gradient for the other.
+
+    Both routes to the kernels are checked: lltm()'s Function and the custom
+    operator torch.compile uses (called directly here).
+    """
+    from lltm_core._autograd import ops_for
+    from lltm_core.testing import reference_lltm
+
+    index = ("new_h", "new_cell").index(used)
     inputs = make_inputs(4, 6, 9, dtype=lltm_dtype, device=lltm_device)
-    zeros = torch.zeros(4, 9, dtype=lltm_dtype, device=lltm_device)
-    kw = {"grad_cell": zeros} if used == "new_h" else {"grad_h": zeros}
-    _assert_close(compare_with_reference(backend.name, inputs, **kw), lltm_dtype, f"only {used} used")
+    if route == "lltm":
+        outputs = lltm_core.lltm(*inputs, backend=backend.name)
+    else:
+        outputs = ops_for(backend)[0](*inputs, backend.name)
+    upstream = torch.randn(4, 9, dtype=torch.float64).to(inputs[0])
+    got = torch.autograd.grad(outputs[index], inputs, upstream)
+    ref_inputs = [t.detach().double().requires_grad_() for t in inputs]
+    want = torch.autograd.grad(reference_lltm(*ref_inputs)[index], ref_inputs, upstream.double())
+    errors = {f"grad_{name}": max_rel_error(g, w) for name, g, w in zip(GRAD_NAMES, got, want)}
+    _assert_close(errors, lltm_dtype, f"only {used} used, through {route}")
 
 
 def test_only_parameters_need_gradients(backend, lltm_device, lltm_dtype):
@@ -106,8 +122,8 @@ def test_opcheck(backend, lltm_device, lltm_dtype):
 
     forward_op, backward_op = ops_for(backend)
     inputs = make_inputs(6, 5, 7, dtype=lltm_dtype, device=lltm_device)
-    torch.library.opcheck(forward_op, inputs)
-    outputs = forward_op(*[t.detach() for t in inputs])
+    torch.library.opcheck(forward_op, (*inputs, backend.name))
+    outputs = forward_op(*[t.detach() for t in inputs], backend.name)
     grads = [torch.randn_like(outputs[0]), torch.randn_like(outputs[1])]
     for needs_grad_X in (True, False):
         torch.library.opcheck(backward_op, (*grads, inputs[1].detach(), outputs[2:], needs_grad_X))

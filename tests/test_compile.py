@@ -1,0 +1,95 @@
+"""lltm under torch.compile: which backend a compiled graph runs, and when it is chosen again."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+import lltm_core
+from lltm_core import BackendError
+from lltm_core.testing import make_inputs
+
+
+@pytest.fixture
+def compiled_lltm():
+    """lltm compiled with fullgraph=True, and a list of the lltm operators in each graph Dynamo made."""
+    torch._dynamo.reset()
+    graphs = []
+
+    def record(gm, example_inputs):
+        graphs.append(sorted({str(n.target) for n in gm.graph.nodes if str(n.target).startswith("lltm.")}))
+        return gm.forward
+
+    yield torch.compile(lambda *args, **kw: lltm_core.lltm(*args, **kw), backend=record, fullgraph=True), graphs
+    torch._dynamo.reset()
+
+
+@pytest.fixture
+def fast_and_ref(fake_backends):
+    """Two backends for CPU float32: "fast" (priority 50) is the default choice, "ref" the other."""
+    fake_backends("lltm-fake-fast", {"fast": "fast"})
+    assert lltm_core.get_backend().name == "fast"
+
+
+def test_use_backend_retraces_for_the_backend_it_names(fast_and_ref, compiled_lltm):
+    compiled_lltm, graphs = compiled_lltm
+    inputs = make_inputs(3, 4, 5)
+    compiled_lltm(*inputs)
+    with lltm_core.use_backend("ref"):
+        compiled_lltm(*inputs)
+    compiled_lltm(*inputs)  # outside the block again: the first graph, no third trace
+    assert graphs == [["lltm.fast_forward"], ["lltm.ref_forward"]]
+
+
+def test_use_backend_naming_nothing_installed_fails_under_compile_too(fast_and_ref, compiled_lltm):
+    compiled_lltm, graphs = compiled_lltm
+    with lltm_core.use_backend("nosuch"), pytest.raises(Exception, match="lltm backend 'nosuch'"):
+        compiled_lltm(*make_inputs(3, 4, 5))
+
+
+def test_a_graph_whose_choice_went_stale_refuses_to_run(fast_and_ref, compiled_lltm, monkeypatch):
+    """LLTM_BACKEND is not something Dynamo can guard on: the operator checks the choice when it runs."""
+    compiled_lltm, graphs = compiled_lltm
+    inputs = make_inputs(3, 4, 5)
+    compiled_lltm(*inputs)
+    monkeypatch.setenv("LLTM_BACKEND", "ref")
+    with pytest.raises(BackendError, match=r"traced to run backend 'fast', but lltm now chooses 'ref' "
+                                           r"\(asked for by LLTM_BACKEND=ref\).*torch._dynamo.reset\(\)"):
+        compiled_lltm(*inputs)
+    torch._dynamo.reset()
+    compiled_lltm(*inputs)
+    assert graphs[-1] == ["lltm.ref_forward"]
+
+
+def test_backend_argument_is_not_second_guessed_by_the_operator(fast_and_ref, compiled_lltm, monkeypatch):
+    compiled_lltm, graphs = compiled_lltm
+    inputs = make_inputs(3, 4, 5)
+    compiled_lltm(*inputs, backend="ref")
+    monkeypatch.setenv("LLTM_BACKEND", "fast")  # backend= outranks it, traced or not
+    new_h, _ = compiled_lltm(*inputs, backend="ref")
+    torch.testing.assert_close(new_h, lltm_core.lltm(*inputs, backend="ref")[0])
+    assert graphs == [["lltm.ref_forward"]]
+
+
+def test_refresh_retraces(fast_and_ref, compiled_lltm):
+    compiled_lltm, graphs = compiled_lltm
+    inputs = make_inputs(3, 4, 5)
+    compiled_lltm(*inputs)
+    lltm_core.refresh()
+    compiled_lltm(*inputs)
+    assert len(graphs) == 2
+
+
+def test_two_backends_with_one_name_cannot_share_its_operators():
+    import lltm_ref
+
+    from lltm_core._autograd import ops_for
+
+    ref = lltm_ref.load_backend()
+    ops_for(ref)
+    impostor = dataclasses.replace(ref, forward=lambda *args: lltm_ref.forward(*args))
+    with pytest.raises(BackendError, match="already run another backend named 'ref'.*a name of its own"):
+        ops_for(impostor)
+    assert ops_for(dataclasses.replace(ref, priority=7)) == ops_for(ref)  # same kernels: same operators
