@@ -243,12 +243,15 @@ def main(argv=None) -> int:
         lines = [f"bench_gpu.py: nothing measured: {why} (torch {torch.__version__}). Run it on a CUDA GPU."]
     else:
         lines = run(args)
+    failed = sum(line.rstrip().endswith("| FAIL |") for line in lines)
+    if failed:  # the last line is what gpu_check.sh shows for this step
+        lines += ["", f"bench_gpu.py: {failed} row(s) FAIL: a target missed or a check failed (see the table)."]
     report = "\n".join(lines) + "\n"
     print(report, end="")
     if args.markdown:
         with open(args.markdown, "w") as f:
             f.write(report)
-    return 0
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
