@@ -71,7 +71,7 @@ NOTES = """\
   eager autograd does, so in the tutorial's benchmark it is grad_weights' GEMM,
   the fused pass and autograd's engine.
 - bfloat16 keeps tensors in bfloat16 and computes the pointwise passes in
-  float.  At B256 its GEMMs take about 2.5x less time than float32's (oneDNN,
+  float.  At B256 its GEMMs take about 2.3x less time than float32's (oneDNN,
   AVX512-BF16) while the pointwise passes take about as long (exp and division
   in float either way), so the bfloat16 step sits further above its GEMMs:
   1.11-1.17x over three runs, float32 1.03-1.05x."""

@@ -3,6 +3,7 @@ from pathlib import Path
 
 import torch
 from setuptools import setup
+from torch.utils import cpp_extension
 from torch.utils.cpp_extension import BuildExtension, CppExtension
 
 here = Path(__file__).resolve().parent
@@ -21,6 +22,11 @@ build_info_text = (
 )
 if not build_info.exists() or build_info.read_text() != build_info_text:
     build_info.write_text(build_info_text)
+
+# BuildExtension compiles against the limited API of torch's oldest supported
+# Python (0x030A0000 -> 3.10); the wheel's abi3 tag and python_requires must say so.
+limited_api = int(cpp_extension.min_supported_cpython, 16)
+oldest_python = f"{limited_api >> 24}.{(limited_api >> 16) & 0xFF}"
 
 
 class BuildExtensionPerISA(BuildExtension):
@@ -48,7 +54,7 @@ setup(
     version=version,
     description="Fused CPU kernels (vectorised C++) for the LLTM cell of lltm-core",
     packages=["lltm_cpu"],
-    python_requires=">=3.9",
+    python_requires=f">={oldest_python}",
     install_requires=[f"lltm-core=={version}", f"torch=={torch_version}"],
     entry_points={"lltm.backends": ["cpu = lltm_cpu:load_backend"]},
     ext_modules=[
@@ -62,5 +68,5 @@ setup(
         )
     ],
     cmdclass={"build_ext": BuildExtensionPerISA.with_options(use_ninja=True)},
-    options={"bdist_wheel": {"py_limited_api": "cp39"}},
+    options={"bdist_wheel": {"py_limited_api": "cp" + oldest_python.replace(".", "")}},
 )

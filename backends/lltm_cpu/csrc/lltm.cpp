@@ -6,8 +6,9 @@
 
 // Importing lltm_cpu._C loads this library, which runs the TORCH_LIBRARY
 // registrations; the module itself is empty.  It is built against Python's
-// limited API, so one abi3 wheel serves every CPython >= 3.9 (pybind11 would
-// tie it to one Python version, and there is nothing to bind).
+// limited API, so one abi3 wheel serves every CPython from the oldest one
+// torch supports onwards (3.10 for torch 2.13; setup.py asks torch).  pybind11
+// would tie it to one Python version, and there is nothing to bind.
 PyMODINIT_FUNC PyInit__C(void) {
   static PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_C", nullptr, -1, nullptr};
   return PyModule_Create(&module_def);
