@@ -30,6 +30,7 @@ import time
 import torch
 
 import lltm_core
+from lltm_core._device import cuda_unavailable_reason
 from lltm_core.testing import SeedLLTM  # the tutorial's pure-PyTorch module
 
 SMALL = (16, 32, 128)  # (batch, input_features, state_size): the seed's size
@@ -238,9 +239,9 @@ def main(argv=None) -> int:
     parser.add_argument("--markdown", metavar="PATH", help="also write the report to this Markdown file")
     parser.add_argument("--rounds", type=int, default=300, help="timed rounds at the small size (a tenth at the big)")
     args = parser.parse_args(argv)
-    if not torch.cuda.is_available():
-        why = "this torch is a CPU-only build" if torch.version.cuda is None else "no CUDA device is visible"
-        lines = [f"bench_gpu.py: nothing measured: {why} (torch {torch.__version__}). Run it on a CUDA GPU."]
+    why = cuda_unavailable_reason()
+    if why is not None:
+        lines = [f"bench_gpu.py: nothing measured: {why}. Run it on a CUDA GPU."]
     else:
         lines = run(args)
     failed = sum(line.rstrip().endswith("| FAIL |") for line in lines)

@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from . import LLTM, available_backends, get_backend
+from ._device import cuda_unavailable_reason
 from ._registry import BackendError
 from .testing import SeedLLTM, compare_with_reference, tolerance
 
@@ -77,7 +78,7 @@ def _parse_size(text: str) -> tuple[int, int, int]:
 
 
 def _usable_devices() -> list[str]:
-    return ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+    return ["cpu"] + (["cuda"] if cuda_unavailable_reason() is None else [])
 
 
 def _sync(device: str):

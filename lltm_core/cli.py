@@ -11,20 +11,14 @@ import sys
 import torch
 
 from . import INTERFACE_VERSION, __version__, _registry
+from ._device import cuda_unavailable_reason
 
 _DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 
 
 def _devices() -> list[tuple[str, str | None]]:
     """(device type, None if usable else why not) for the devices lltm knows about."""
-    out = [("cpu", None)]
-    if torch.version.cuda is None:
-        out.append(("cuda", "this torch is a CPU-only build"))
-    elif not torch.cuda.is_available():
-        out.append(("cuda", f"torch {torch.__version__} has CUDA {torch.version.cuda}, but no CUDA device is visible"))
-    else:
-        out.append(("cuda", None))
-    return out
+    return [("cpu", None), ("cuda", cuda_unavailable_reason())]
 
 
 def info_data() -> dict:

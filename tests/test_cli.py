@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 import lltm_core
 from lltm_core.cli import main
@@ -96,3 +97,23 @@ def test_bench_ctrl_c_prints_what_was_measured():
     assert "interrupted" in out
     ref_row = next(line for line in out.splitlines() if line.strip().startswith("ref "))
     assert "x /" in ref_row, out  # timed, with its speed-up against the eager module
+
+
+@pytest.mark.parametrize(
+    "cuda, hip, visible, expected",
+    [
+        (None, None, False, "this torch is a CPU-only build"),
+        ("13.0", None, False, "has CUDA 13.0, but no GPU is visible"),
+        (None, "6.2", False, "has ROCm 6.2, but no GPU is visible"),  # a ROCm build is not CPU-only
+        (None, "6.2", True, None),
+        ("13.0", None, True, None),
+    ],
+)
+def test_why_cuda_is_unavailable(monkeypatch, cuda, hip, visible, expected):
+    from lltm_core._device import cuda_unavailable_reason
+
+    monkeypatch.setattr(torch.version, "cuda", cuda)
+    monkeypatch.setattr(torch.version, "hip", hip, raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: visible)
+    reason = cuda_unavailable_reason()
+    assert reason == expected if expected is None else expected in reason

@@ -14,6 +14,8 @@ import zlib
 import pytest
 import torch
 
+from lltm_core._device import cuda_unavailable_reason
+
 _DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32, "float64": torch.float64}
 
 
@@ -40,8 +42,7 @@ def pytest_report_header(config):
 
 def _device_skip_reason(device: str) -> str | None:
     kind = torch.device(device).type
-    if kind == "cuda" and not torch.cuda.is_available():
-        why = "this torch is a CPU-only build" if torch.version.cuda is None else "no CUDA device is visible"
+    if kind == "cuda" and (why := cuda_unavailable_reason()) is not None:
         return f"--lltm-device {device}: {why}"
     return None
 
