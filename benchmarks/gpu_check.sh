@@ -7,20 +7,24 @@
 #   OUT=/some/dir bash benchmarks/gpu_check.sh      (from anywhere; OUT defaults to a temp dir)
 #
 # Writes $OUT/h200.log (everything printed) and $OUT/h200.md (the report to commit as
-# benchmarks/results/h200.md).  Needs only what a CUDA image has: python3 with a CUDA
-# build of torch, nvcc, ninja, pytest; nothing from the network.
+# benchmarks/results/h200.md), the report rewritten after every step so that a run cut
+# short still leaves one.  Needs only what a CUDA image has: python3 with a CUDA build of
+# torch, nvcc, ninja, pytest; nothing from the network.  From the device tool:
+# run(command="bash benchmarks/gpu_check.sh", timeout_s=GPU_CHECK_SECONDS + 60).
 #
 # Environment: PYTHON (default python3), TORCH_CUDA_ARCH_LIST (default 9.0: one
 # architecture keeps the build short), GPU_CHECK_SECONDS (default 480: the whole run's
 # budget; each step gets at most what is left), DRY_RUN=1 (go on without a GPU, to try
-# every step on a CPU machine: the GPU tests and the benchmark then skip).
+# every step on a CPU machine: the GPU tests and the benchmark then skip), LLTM_SEED
+# (the conformance kit's seed; default: a fresh one, printed in the report).
 set -euo pipefail
 
-cd "$(dirname "$0")/.."
+SCRIPT=$(readlink -f "$0")  # before the cd: it re-runs itself below
+cd "$(dirname "$SCRIPT")/.."
 export OUT=${OUT:-$(mktemp -d)}
 mkdir -p "$OUT"
 if [[ -z ${GPU_CHECK_LOGGING:-} ]]; then  # run the rest under tee, in one shell
-    GPU_CHECK_LOGGING=1 bash "$0" 2>&1 | tee "$OUT/h200.log"
+    GPU_CHECK_LOGGING=1 bash "$SCRIPT" 2>&1 | tee "$OUT/h200.log"
     exit "${PIPESTATUS[0]}"
 fi
 
@@ -35,6 +39,7 @@ if [[ -z ${CUDA_HOME:-} && -x /usr/local/cuda/bin/nvcc ]]; then
 fi
 NVCC=${CUDA_HOME:+$CUDA_HOME/bin/}nvcc
 NO_GPU=
+export LLTM_SEED=${LLTM_SEED:-$RANDOM}
 STEP_LOGS=$(mktemp -d)  # not under $OUT: only a few files may come back from there
 RESULTS=()
 
@@ -60,6 +65,7 @@ step() {
         [[ $status == "FAIL (exit 124)" ]] && status="FAIL (timed out after ${limit}s)"
     fi
     RESULTS+=("| $name | $status | $((SECONDS - start)) | $(tail -n 1 "$STEP_LOGS/$name.log" | tr -d '|=' | sed 's/^ *//; s/ *$//') |")
+    report > "$OUT/h200.md"
     [[ $status != FAIL* ]]
 }
 
@@ -84,7 +90,7 @@ checks() {
     step build 200 "$PYTHON" -m pip install --no-build-isolation --no-deps --no-index \
         . ./backends/lltm_ref ./backends/lltm_cuda || return 1
     step conformance-kit 150 "$PYTHON" -m pytest -p no:cacheprovider -q -rs --pyargs lltm_core.testing \
-        --lltm-backend cuda --lltm-device cuda \
+        --lltm-backend cuda --lltm-device cuda --lltm-seed "$LLTM_SEED" \
         --lltm-dtype float32 --lltm-dtype float64 --lltm-dtype float16 --lltm-dtype bfloat16 || true
     # On the GPU machine, lltm-cuda failing to load is an error, not a skip.
     LLTM_REQUIRE_GPU=$([[ -n $NO_GPU ]] && echo 0 || echo 1) \
@@ -93,15 +99,22 @@ checks() {
     [[ ${RESULTS[*]} != *FAIL* ]]
 }
 
+REPORT_HEAD=()  # the report's first lines: computed once (python and nvidia-smi take seconds)
+
 report() {
-    local gpu
-    gpu=$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -n 1 || true)
-    gpu=${gpu:-no GPU, none}
-    echo "# lltm-cuda GPU check: ${gpu%%,*}"
-    echo
-    echo "Command: \`bash benchmarks/gpu_check.sh\` (TORCH_CUDA_ARCH_LIST=$TORCH_CUDA_ARCH_LIST), $(date -u +"%Y-%m-%d %H:%M UTC")."
-    echo "$("$PYTHON" -c 'import torch; print(f"torch {torch.__version__} (CUDA {torch.version.cuda})")' 2>&1)," \
-        "nvcc $("$NVCC" --version 2>/dev/null | grep -o 'release [0-9.]*' || echo '?'), driver ${gpu#*, }."
+    if ((${#REPORT_HEAD[@]} == 0)); then
+        local gpu
+        gpu=$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -n 1 || true)
+        gpu=${gpu:-no GPU, none}
+        REPORT_HEAD=(
+            "# lltm-cuda GPU check: ${gpu%%,*}"
+            ""
+            "Command: \`bash benchmarks/gpu_check.sh\` (TORCH_CUDA_ARCH_LIST=$TORCH_CUDA_ARCH_LIST), $(date -u +"%Y-%m-%d %H:%M UTC")."
+            "$("$PYTHON" -c 'import torch; print(f"torch {torch.__version__} (CUDA {torch.version.cuda})")' 2>&1), nvcc $("$NVCC" --version 2>/dev/null | grep -o 'release [0-9.]*' || echo '?'), driver ${gpu#*, }."
+            "Conformance kit seed $LLTM_SEED (LLTM_SEED=$LLTM_SEED repeats it)."
+        )
+    fi
+    printf '%s\n' "${REPORT_HEAD[@]}"
     echo
     echo "| step | result | seconds | last line |"
     echo "| --- | --- | --- | --- |"

@@ -20,7 +20,7 @@ if _REQUIRED:
 else:
     lltm_cuda = pytest.importorskip("lltm_cuda", reason="lltm-cuda is not installed (building it needs the CUDA toolkit)")
 import lltm_core  # noqa: E402
-from lltm_core.testing import compare_with_reference, make_inputs, reference_lltm, tolerance  # noqa: E402
+from lltm_core.testing import compare_with_reference, make_inputs, max_rel_error, reference_lltm, tolerance  # noqa: E402
 
 _REASON = lltm_cuda.unavailable_reason()
 if _REQUIRED and _REASON is not None:
@@ -69,8 +69,12 @@ def test_misaligned_inputs_take_the_element_path(dtype):
     saved = aligned[2:]
     want = backward(grad_h, grad_cell, weights, *saved, True)
     got = backward(_offset_copy(grad_h), _offset_copy(grad_cell), weights, *saved, True)
-    for g, w in zip(got, want):
-        torch.testing.assert_close(g, w)
+    # grad_X, grad_weights and grad_bias sum d_gates over a batch or a state:
+    # a last-bit difference between the paths can grow there, so those are held
+    # to the kit's tolerance; grad_old_cell is pointwise, like forward's outputs.
+    for name, g, w in zip(("grad_X", "grad_weights", "grad_bias"), got[:3], want[:3]):
+        assert max_rel_error(g, w) <= tolerance(dtype), name
+    torch.testing.assert_close(got[3], want[3])
 
 
 @pytest.mark.parametrize("shape", [(3, 4, 4), (3, 4, 5), (2, 3, 1)], ids=lambda s: "B{}-I{}-S{}".format(*s))
