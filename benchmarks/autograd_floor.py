@@ -28,7 +28,7 @@ import lltm_core
 from lltm_core.testing import SeedLLTM
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_cpu import SMALL, TARGETS, make_step, measure  # noqa: E402
+from bench_cpu import SMALL, TARGETS, make_step, measure, small_size_table  # noqa: E402
 
 # The lltm_cpu operators found through the dispatcher, wrapped in a C++ autograd node.
 _CPP = r"""
@@ -126,7 +126,6 @@ def main() -> None:
         },
         args.rounds, args.steps, warmup=100,
     )
-    base_fwd, base_bwd, _ = times["eager PyTorch"]
     size = f"B{SMALL['batch']} I{SMALL['input_features']} S{SMALL['state_size']}"
     lines = [
         "# lltm-cpu without lltm_core: the floor of the tutorial's benchmark",
@@ -137,12 +136,7 @@ def main() -> None:
         f"{size}, only the parameters require grad; medians of interleaved rounds; "
         f"other processes used {others:.1f} CPU-seconds meanwhile.",
         "",
-        "| candidate | forward (us) | backward (us) | forward / eager | backward / eager |",
-        "|---|---:|---:|---:|---:|",
-    ]
-    for name, (fwd, bwd, _) in times.items():
-        lines.append(f"| {name} | {fwd:.1f} | {bwd:.1f} | {fwd / base_fwd:.2f} | {bwd / base_bwd:.2f} |")
-    lines += [
+        *small_size_table(times),
         "",
         f"Issue 3's targets: forward <= {TARGETS['forward']}x, backward <= {TARGETS['backward']}x. "
         "The C++ node has none of lltm_core's checks, backend choice or Python frames; "
