@@ -155,11 +155,9 @@ def _check_traced_choice(traced: str, input: torch.Tensor) -> None:
     """Raise unless lltm would still choose ``traced`` for this call (see _registry.compile_hint)."""
     now = _registry.select(input.device.type, input.dtype)  # raises itself if nothing can take it
     if now.name != traced:
-        requested, source = _registry._requested()
-        why = f"asked for by {source}" if requested is not None else "the highest priority now"
         raise BackendError(
             f"lltm: this torch.compile'd code was traced to run backend {traced!r}, but lltm now chooses "
-            f"{now.name!r} ({why}). A compiled graph keeps the backend chosen when it was traced: call "
+            f"{now.name!r} ({_registry.why_chosen(now)}). A compiled graph keeps the backend chosen when it was traced: call "
             f"torch._dynamo.reset() after changing LLTM_BACKEND, LLTM_DISABLE_BACKENDS or the installed "
             f"backends, or pass backend= to lltm()"
         )

@@ -371,7 +371,12 @@ def explain(device_type: str, dtype: torch.dtype) -> tuple[str | None, str]:
         b = select(device_type, dtype)
     except BackendError as exc:
         return None, str(exc)
+    return b.name, why_chosen(b)
+
+
+def why_chosen(chosen: Backend) -> str:
+    """Why ``select()``, asked for no name, returns ``chosen`` now."""
     name, source = _requested()
     if name is not None:
-        return b.name, f"asked for by {source}"
-    return b.name, f"highest priority ({b.priority}) of the backends that take it"
+        return f"asked for by {source}"
+    return f"highest priority ({chosen.priority}) of the backends that take it"
