@@ -22,6 +22,7 @@ import nox
 ROOT = Path(__file__).parent
 TORCH_CPU = "torch==2.13.0"  # the CPU build: tests run against it
 TORCH_CUDA = "torch==2.14.1"  # the CUDA 13.0 build: only to compile lltm-cuda here
+TORCH_DEVICE = "torch==2.11.0"  # what the H200 machine's image runs (2.11.0+cu130): see the device_torch session
 BUILD_TOOLS = ("setuptools>=64", "wheel", "ninja")
 TEST_TOOLS = ("pytest", "numpy")
 WHEELHOUSE = ROOT / "wheelhouse"
@@ -101,6 +102,24 @@ def wheels(session):
     # ... and reinstalling picks it up again.
     session.install("--no-index", "--find-links", str(WHEELHOUSE), "lltm-cpu")
     session.run("python", "-W", "error", "-c", _ASSERT_BACKENDS.format(expect="['cpu', 'ref']"))
+
+
+@nox.session
+def device_torch(session):
+    """Opt-in, about 5 GB: everything against the GPU machine's torch before spending device time on it.
+
+    The H200 that runs benchmarks/gpu_check.sh has torch 2.11.0+cu130 and nothing can be installed
+    there, so the sources must build and pass against that torch as they are.  This runs the GPU
+    check's dry run (lltm-cuda built with nvcc, its GPU-free tests) and the CPU tests under it.
+    """
+    session.install(TORCH_DEVICE, *BUILD_TOOLS, *TEST_TOOLS)
+    python = str(Path(session.bin) / "python")
+    with tempfile.TemporaryDirectory() as out:
+        session.run("bash", str(ROOT / "benchmarks/gpu_check.sh"), external=True,
+                    env={"PYTHON": python, "DRY_RUN": "1", "OUT": out, "MAX_JOBS": os.environ.get("MAX_JOBS", "2")})
+    session.install("--no-build-isolation", "--no-deps", "./backends/lltm_cpu")
+    _pytest(session, str(ROOT / "tests"), str(ROOT / "backends/lltm_cpu/tests"))
+    _pytest(session, "--pyargs", "lltm_core.testing", "--lltm-backend", "cpu")
 
 
 _ASSERT_BACKENDS = (
