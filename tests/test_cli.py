@@ -84,16 +84,32 @@ def test_bench_plot_without_matplotlib_says_what_to_install(monkeypatch, tmp_pat
         main(["bench", "--iterations", "10", "--no-compile", "--size", "2,2,2", "--plot", str(tmp_path / "x.png")])
 
 
+@pytest.mark.skipif(sys.platform == "win32", reason="needs a pseudo-terminal and SIGINT")
 def test_bench_ctrl_c_prints_what_was_measured():
+    import pty
+    import select
     import signal
     import time
 
+    # With stderr on a terminal, bench draws its progress bar there: "measuring <group>" says
+    # the group has started, so Ctrl-C is sent once it is measuring, however slow the imports.
+    controller, terminal = pty.openpty()
     proc = subprocess.Popen([sys.executable, "-m", "lltm_core", "bench", "--seconds", "60", "--no-compile",
-                             "--backend", "ref"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    time.sleep(12)  # imports, reference check, warm-up: then it is measuring
-    proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=60)
-    assert proc.returncode == 130, err
+                             "--backend", "ref"], stdout=subprocess.PIPE, stderr=terminal, text=True)
+    os.close(terminal)
+    progress, deadline = b"", time.monotonic() + 120
+    try:
+        while b"measuring" not in progress:
+            assert time.monotonic() < deadline and proc.poll() is None, progress.decode(errors="replace")
+            if select.select([controller], [], [], 1.0)[0]:
+                progress += os.read(controller, 4096)
+        time.sleep(3)  # reference check and three warm-up calls take milliseconds: then it times calls
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+        os.close(controller)
+    assert proc.returncode == 130, out
     assert "interrupted" in out
     ref_row = next(line for line in out.splitlines() if line.strip().startswith("ref "))
     assert "x /" in ref_row, out  # timed, with its speed-up against the eager module
