@@ -13,6 +13,7 @@ build.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 from pathlib import Path
@@ -38,6 +39,22 @@ def _setup(session, torch_req=TORCH_CPU, *dists):
     session.install(torch_req, *BUILD_TOOLS, *TEST_TOOLS)
     session.install("--no-build-isolation", "--no-deps", *dists)
     session.run("python", "-m", "pip", "check")
+
+
+@contextlib.contextmanager
+def _source_tree_build_info_untouched(session):
+    """Fail the session if a (non-editable) build inside wrote a source tree's _build_info.py.
+
+    A build records its torch beside the library it links.  A _build_info.py in the source tree
+    describes an editable install's library, perhaps built with another torch: a wheel built
+    here must not relabel it.
+    """
+    infos = [ROOT / f"backends/{name}/{name}/_build_info.py" for name in ("lltm_cpu", "lltm_cuda")]
+    before = [p.read_bytes() if p.exists() else None for p in infos]
+    yield
+    for path, old in zip(infos, before):
+        if (path.read_bytes() if path.exists() else None) != old:
+            session.error(f"a non-editable build wrote {path.relative_to(ROOT)}, which describes the source tree's library")
 
 
 def _pytest(session, *args):
@@ -76,7 +93,8 @@ def cuda(session):
     env = {"CUDA_HOME": os.environ.get("CUDA_HOME", "/usr/local/cuda"), "MAX_JOBS": os.environ.get("MAX_JOBS", "2")}
     session.install(TORCH_CUDA, *BUILD_TOOLS, *TEST_TOOLS)
     session.install("--no-build-isolation", "--no-deps", ".", "./backends/lltm_ref")
-    session.install("--no-build-isolation", "--no-deps", "./backends/lltm_cuda", env=env)
+    with _source_tree_build_info_untouched(session):
+        session.install("--no-build-isolation", "--no-deps", "./backends/lltm_cuda", env=env)
     session.run("lltm", "info")
     _pytest(session, str(ROOT / "backends/lltm_cuda/tests"))
 
@@ -88,8 +106,9 @@ def wheels(session):
     WHEELHOUSE.mkdir(exist_ok=True)
     for old in WHEELHOUSE.glob("lltm_*.whl"):
         old.unlink()
-    for dist in (".", "./backends/lltm_ref", "./backends/lltm_cpu"):
-        session.run("python", "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "-w", str(WHEELHOUSE), dist)
+    with _source_tree_build_info_untouched(session):
+        for dist in (".", "./backends/lltm_ref", "./backends/lltm_cpu"):
+            session.run("python", "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "-w", str(WHEELHOUSE), dist)
     # What a user does: names, not paths, resolved from the wheel folder.
     session.install("--no-index", "--find-links", str(WHEELHOUSE), "lltm-core", "lltm-cpu")
     session.run("python", "-m", "pip", "check")

@@ -2,8 +2,10 @@
 
 A compiled extension links against one torch build's C++ ABI.  Loading it into
 another torch fails with an undefined-symbol error at best and crashes at
-worst, so a backend records the torch it was built with (``setup.py`` writes it
-into a small ``_build_info.py``) and checks it *before* loading the library::
+worst, so a backend records the torch it was built with (its ``setup.py`` writes
+a small ``_build_info.py`` beside each library it links, never into the source
+tree, where an editable install's library may have been built with another
+torch) and checks it *before* loading the library::
 
     from lltm_core.extension import torch_mismatch
 

@@ -15,13 +15,10 @@ config = runpy.run_path(str(here / "lltm_cpu" / "_build_config.py"))
 # requires exactly this torch and records it for the check at load time
 # (lltm_cpu._load_library).
 torch_version = torch.__version__.split("+")[0]  # public version: 2.13.0+cpu -> 2.13.0
-build_info = here / "lltm_cpu" / "_build_info.py"
-build_info_text = (
-    "# Written by setup.py: the torch lltm_cpu._C was compiled against.\n"
+BUILD_INFO = (
+    "# Written by setup.py beside the library it built: the torch lltm_cpu._C was compiled against.\n"
     f"TORCH_VERSION = {str(torch.__version__)!r}\n"
 )
-if not build_info.exists() or build_info.read_text() != build_info_text:
-    build_info.write_text(build_info_text)
 
 # BuildExtension compiles against the limited API of torch's oldest supported
 # Python (0x030A0000 -> 3.10); the wheel's abi3 tag and python_requires must say so.
@@ -34,7 +31,18 @@ class BuildExtensionPerISA(BuildExtension):
 
     setuptools gives every source of an extension the same flags, so these are
     compiled here and handed to the link as extra objects (after the others).
+
+    It also writes _build_info.py beside the library it has just linked: in
+    build/lib for a wheel, in the source tree for an editable install.  Were
+    every build to write it into the source tree, a wheel built there with
+    another torch would relabel an editable install's library.
     """
+
+    def finalize_options(self):
+        super().finalize_options()
+        # Without ninja, setuptools skips a library newer than its sources, even one built
+        # against another torch; with ninja, BuildExtension already forces and ninja decides.
+        self.force = True
 
     def build_extension(self, ext):
         for source, isa_flags in config["ISA_SOURCES"].items():
@@ -47,6 +55,17 @@ class BuildExtensionPerISA(BuildExtension):
                 depends=ext.depends,
             )
         super().build_extension(ext)
+        self._record_torch(ext)
+
+    def copy_extensions_to_source(self):
+        # An editable install: the library linked in build/lib is copied into
+        # the source tree, and the record of its torch goes with it.
+        super().copy_extensions_to_source()
+        for ext in self.extensions:
+            self._record_torch(ext)
+
+    def _record_torch(self, ext):
+        Path(self.get_ext_fullpath(ext.name)).with_name("_build_info.py").write_text(BUILD_INFO)
 
 
 setup(

@@ -74,11 +74,11 @@ def toolchain_problems(torch_version: str, torch_cuda: str | None, cuda_home: st
     return problems
 
 
-def write_build_info(torch_version: str, arch_list: str) -> None:
+def build_info(torch_version: str, arch_list: str) -> str:
     # Read by lltm_cuda at import, before it loads the compiled library: an
     # extension built for another torch must be reported, not loaded.
-    (HERE / "lltm_cuda" / "_build_info.py").write_text(
-        "# Written by setup.py: what this copy of lltm-cuda was compiled against.\n"
+    return (
+        "# Written by setup.py beside the library it built: what lltm_cuda._C was compiled against.\n"
         f"TORCH_VERSION = {torch_version!r}\n"
         f"ARCH_LIST = {arch_list!r}\n"
     )
@@ -103,7 +103,33 @@ def main() -> None:
             + "(Building needs the CUDA toolkit and a CUDA build of torch, not a GPU.)"
         )
     os.environ.setdefault("TORCH_CUDA_ARCH_LIST", DEFAULT_ARCH_LIST)
-    write_build_info(torch.__version__, os.environ["TORCH_CUDA_ARCH_LIST"])
+    info = build_info(torch.__version__, os.environ["TORCH_CUDA_ARCH_LIST"])
+
+    class BuildExtensionWithInfo(BuildExtension):
+        """Writes _build_info.py beside the library it has just linked (build/lib for a wheel, the
+        source tree for an editable install), never elsewhere: a wheel built from this tree with
+        another torch must not relabel an editable install's library."""
+
+        def finalize_options(self):
+            super().finalize_options()
+            # Without ninja, setuptools skips a library newer than its sources, even one built
+            # against another torch; with ninja, BuildExtension already forces and ninja decides.
+            self.force = True
+
+        def build_extension(self, ext):
+            super().build_extension(ext)
+            self._record_build(ext)
+
+        def copy_extensions_to_source(self):
+            # An editable install: the library linked in build/lib is copied into
+            # the source tree, and the record of its build goes with it.
+            super().copy_extensions_to_source()
+            for ext in self.extensions:
+                self._record_build(ext)
+
+        def _record_build(self, ext):
+            Path(self.get_ext_fullpath(ext.name)).with_name("_build_info.py").write_text(info)
+
     # BuildExtension compiles against the limited API of torch's oldest
     # supported Python (0x030A0000 -> 3.10); the wheel's abi3 tag must say so.
     limited_api = int(cpp_extension.min_supported_cpython, 16)
@@ -128,7 +154,7 @@ def main() -> None:
                 py_limited_api=True,
             )
         ],
-        cmdclass={"build_ext": BuildExtension},
+        cmdclass={"build_ext": BuildExtensionWithInfo},
         options={"bdist_wheel": {"py_limited_api": "cp" + oldest_python.replace(".", "")}},
         entry_points={"lltm.backends": ["cuda = lltm_cuda:load_backend"]},
     )
