@@ -12,6 +12,12 @@ cheapest possible wrapper for the same two lltm_cpu operators: a C++
 choice at all.  Timed in one process, interleaved with the eager module and
 with ``lltm_core.LLTM(backend="cpu")``, it gives the floor that any change to
 lltm_core's plumbing is up against.
+
+Two more rows bound what any kernel could reach: the same C++ node running no
+kernels at all (it returns uninitialised tensors of the right shapes: only the
+module call, the autograd graph and engine, and the tutorial's sums are left)
+and the step's GEMMs alone.  Their sum is what a per-step autograd call with
+free pointwise work would take.
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ import lltm_core
 from lltm_core.testing import SeedLLTM
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_cpu import SMALL, TARGETS, make_step, measure, small_size_table  # noqa: E402
+from bench_cpu import SMALL, TARGETS, make_gemm_step, make_step, measure, small_size_table  # noqa: E402
 
 # The lltm_cpu operators found through the dispatcher, wrapped in a C++ autograd node.
 _CPP = r"""
@@ -72,15 +78,52 @@ struct LLTMFunction : torch::autograd::Function<LLTMFunction> {
 std::vector<Tensor> lltm(Tensor input, Tensor weights, Tensor bias, Tensor old_h, Tensor old_cell) {
   return LLTMFunction::apply(input, weights, bias, old_h, old_cell);
 }
+
+// The same node with no kernels: outputs and gradients of the right shapes, never computed.
+struct NoKernelsFunction : torch::autograd::Function<NoKernelsFunction> {
+  static variable_list forward(AutogradContext* ctx, Tensor input, Tensor weights, Tensor bias, Tensor old_h,
+                               Tensor old_cell) {
+    ctx->save_for_backward({weights, bias});
+    return {at::empty_like(old_h), at::empty_like(old_cell)};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    return {Tensor(), at::empty_like(saved[0]), at::empty_like(saved[1]), Tensor(), Tensor()};
+  }
+};
+
+std::vector<Tensor> no_kernels(Tensor input, Tensor weights, Tensor bias, Tensor old_h, Tensor old_cell) {
+  return NoKernelsFunction::apply(input, weights, bias, old_h, old_cell);
+}
 """
 
 
-class CppAutogradLLTM(torch.nn.Module):
-    """The tutorial's module, running lltm_cpu's kernels through the C++ autograd node."""
+NO_KERNELS = "the C++ autograd node running no kernels (outputs left uninitialised)"
+GEMMS = "GEMMs alone"
 
-    def __init__(self, like: torch.nn.Module, extension):
+
+def floor_lines(times: dict) -> list[str]:
+    """The floor (no kernels + GEMMs) against eager and the targets, per pass."""
+    eager, empty, gemms = times["eager PyTorch"], times[NO_KERNELS], times[GEMMS]
+    lines = []
+    for i, direction in enumerate(("forward", "backward")):
+        floor = (empty[i] + gemms[i]) / eager[i]
+        verdict = "above the target: with these GEMMs no pointwise kernel or wrapper can meet it" if (
+            floor > TARGETS[direction]) else (
+            f"leaves {(TARGETS[direction] - floor) * eager[i]:.0f} us for the fused pointwise pass, "
+            "the operator call and the rest of the kernel")
+        lines.append(f"- {direction}: {empty[i] / eager[i]:.2f}x + {gemms[i] / eager[i]:.2f}x = **{floor:.2f}x** "
+                     f"of eager (target {TARGETS[direction]}x): {verdict}")
+    return lines
+
+
+class CppAutogradLLTM(torch.nn.Module):
+    """The tutorial's module, running lltm_cpu's kernels (or none) through a C++ autograd node."""
+
+    def __init__(self, like: torch.nn.Module, lltm):
         super().__init__()
-        self.weights, self.bias, self._lltm = like.weights, like.bias, extension.lltm
+        self.weights, self.bias, self._lltm = like.weights, like.bias, lltm
 
     def forward(self, input, state):
         new_h, new_cell = self._lltm(input, self.weights, self.bias, state[0], state[1])
@@ -97,13 +140,13 @@ def main() -> None:
     if not cpp_extension.is_ninja_available():
         sys.exit("autograd_floor.py compiles a small C++ extension and needs ninja: pip install ninja")
     lltm_core.get_backend("cpu")  # registers the torch.ops.lltm_cpu operators the extension calls
-    extension = cpp_extension.load_inline("lltm_autograd_floor", cpp_sources=[_CPP], functions=["lltm"],
+    extension = cpp_extension.load_inline("lltm_autograd_floor", cpp_sources=[_CPP], functions=["lltm", "no_kernels"],
                                           extra_cflags=["-O2"])
     torch.manual_seed(0)
     eager = SeedLLTM(SMALL["input_features"], SMALL["state_size"])
     through_core = lltm_core.LLTM(SMALL["input_features"], SMALL["state_size"], backend="cpu")
     through_core.load_state_dict(eager.state_dict())
-    cpp = CppAutogradLLTM(eager, extension)
+    cpp = CppAutogradLLTM(eager, extension.lltm)
 
     # The C++ node must compute what lltm_core computes, gradients included.
     input = torch.randn(SMALL["batch"], SMALL["input_features"])
@@ -123,6 +166,8 @@ def main() -> None:
             "eager PyTorch": make_step(eager, **SMALL, inputs_require_grad=False),
             "lltm cpu (lltm_core.LLTM)": make_step(through_core, **SMALL, inputs_require_grad=False),
             "lltm_cpu kernels in a C++ autograd node": make_step(cpp, **SMALL, inputs_require_grad=False),
+            NO_KERNELS: make_step(CppAutogradLLTM(eager, extension.no_kernels), **SMALL, inputs_require_grad=False),
+            GEMMS: make_gemm_step(**SMALL, needs_grad_X=False),
         },
         args.rounds, args.steps, warmup=100,
     )
@@ -141,6 +186,11 @@ def main() -> None:
         f"Issue 3's targets: forward <= {TARGETS['forward']}x, backward <= {TARGETS['backward']}x. "
         "The C++ node has none of lltm_core's checks, backend choice or Python frames; "
         "what it still pays is the module call, autograd's graph and engine, and the kernels.",
+        "",
+        f"A per-step autograd call whose pointwise work cost nothing would take at least "
+        f"{NO_KERNELS.split(' (')[0]} + {GEMMS}:",
+        "",
+        *floor_lines(times),
     ]
     report = "\n".join(lines) + "\n"
     print(report)
