@@ -203,18 +203,22 @@ def _register(backend: Backend):
         ctx.save_for_backward(inputs[1], *output[2:])  # weights, then the backend's saved tensors
 
     def backward(ctx, grads):
+        # One gradient per argument the operator was called with.  The
+        # dispatcher drops an argument equal to its default, so when lltm
+        # chose the backend (named=None) there are five, not six.
+        n_args = len(ctx.needs_input_grad)
         weights, *saved = ctx.saved_tensors
         grad_new_h, grad_new_cell = grads[0], grads[1]
         if grad_new_h is None and grad_new_cell is None:
-            return None, None, None, None, None, None
+            return (None,) * n_args
         like = grad_new_cell if grad_new_h is None else grad_new_h
-        needs_input, _, _, needs_old_h, _, _ = ctx.needs_input_grad
+        needs_input, _, _, needs_old_h = ctx.needs_input_grad[:4]
         needs_grad_X = needs_input or needs_old_h
         grad_X, grad_weights, grad_bias, grad_old_cell = backward_op(
             _grad_or_zeros(grad_new_h, like), _grad_or_zeros(grad_new_cell, like), weights, saved, needs_grad_X
         )
         grad_input, grad_old_h = _split_grad_X(grad_X, grad_old_cell.shape[1], needs_grad_X)
-        return grad_input, grad_weights, grad_bias, grad_old_h, grad_old_cell, None
+        return (grad_input, grad_weights, grad_bias, grad_old_h, grad_old_cell, None)[:n_args]
 
     forward_op.register_autograd(backward, setup_context=setup_context)
     return forward_op, backward_op

@@ -129,26 +129,30 @@ def test_opcheck(backend, lltm_device, lltm_dtype):
         torch.library.opcheck(backward_op, (*grads, inputs[1].detach(), outputs[2:], needs_grad_X))
 
 
-def test_compile_fullgraph(lltm_backend_name, lltm_device):
-    """torch.compile(fullgraph=True) traces lltm with no graph break and agrees with eager."""
+@pytest.mark.parametrize("how", ["backend=", "use_backend"])
+def test_compile_fullgraph(lltm_backend_name, lltm_device, how):
+    """torch.compile(fullgraph=True) traces lltm with no graph break and agrees with eager, forward and
+    backward, whether the caller names the backend or lltm chooses it (the operator then gets no name)."""
     dtype = torch.float32
     backend = lltm_core.get_backend(lltm_backend_name, device=lltm_device, dtype=dtype)
     torch._dynamo.reset()
 
+    named = backend.name if how == "backend=" else None
+
     def step(*args):
-        return lltm_core.lltm(*args, backend=backend.name)
+        return lltm_core.lltm(*args, backend=named)
 
     compiled = torch.compile(step, fullgraph=True)
     inputs = make_inputs(8, 5, 13, dtype=dtype, device=lltm_device)
     eager_inputs = [t.detach().clone().requires_grad_() for t in inputs]
     # Compile for real: torch's on-disk caches key on the graph, not on the
     # custom operators' implementations, so a cached graph could test old code.
-    with torch._inductor.config.patch(fx_graph_cache=False), \
+    with lltm_core.use_backend(backend.name), torch._inductor.config.patch(fx_graph_cache=False), \
             torch._functorch.config.patch(enable_autograd_cache=False):
         got = compiled(*inputs)
         upstream = [torch.randn_like(got[0]), torch.randn_like(got[1])]
         got_grads = torch.autograd.grad(got, inputs, upstream)
-    want = step(*eager_inputs)
-    want_grads = torch.autograd.grad(want, eager_inputs, upstream)
+        want = step(*eager_inputs)
+        want_grads = torch.autograd.grad(want, eager_inputs, upstream)
     for g, w in zip((*got, *got_grads), (*want, *want_grads)):
         torch.testing.assert_close(g, w)
