@@ -125,15 +125,18 @@ def apply_eager(backend: Backend, input, weights, bias, old_h, old_cell):
 
 # --- custom operators, one pair per backend, made on first use -------------
 
-_ops: dict[str, tuple] = {}  # name -> (the kernels they run, forward_op, backward_op)
+_ops: dict[str, list] = {}  # name -> [the kernels they run now, forward_op, backward_op]
 _ops_lock = threading.Lock()
 
 
 def ops_for(backend: Backend):
     """(forward_op, backward_op) for ``backend``, registering them once per process.
 
-    torch.library cannot replace an operator, so a second backend with the same
-    name but other kernels is refused rather than given the first one's.
+    torch.library cannot replace an operator, so the operators call the kernels
+    stored here.  Those follow the registry: after refresh() an entry point's
+    factory may return new kernel objects for the same backend, and they take
+    over.  Any other backend with the same name but other kernels (one built by
+    hand and passed as backend=) is refused rather than given the first one's.
     """
     kernels = (backend.forward, backend.backward, backend.saved_layout)
     entry = _ops.get(backend.name)
@@ -141,13 +144,15 @@ def ops_for(backend: Backend):
         with _ops_lock:
             entry = _ops.get(backend.name)
             if entry is None:
-                entry = _ops[backend.name] = (kernels, *_register(backend))
+                entry = _ops[backend.name] = [kernels, *_register(backend.name)]
     if entry[0] != kernels:
-        raise BackendError(
-            f"lltm: the custom operators lltm::{backend.name}_forward/_backward of this process already run "
-            f"another backend named {backend.name!r}, and torch.library cannot replace them: "
-            f"give this backend a name of its own"
-        )
+        if not _registry.is_loaded_from_entry_point(backend):
+            raise BackendError(
+                f"lltm: the custom operators lltm::{backend.name}_forward/_backward of this process already run "
+                f"another backend named {backend.name!r}, and torch.library cannot replace them: "
+                f"give this backend a name of its own"
+            )
+        entry[0] = kernels
     return entry[1], entry[2]
 
 
@@ -163,17 +168,17 @@ def _check_traced_choice(traced: str, input: torch.Tensor) -> None:
         )
 
 
-def _register(backend: Backend):
-    name = backend.name
-    fwd_kernel, bwd_kernel, layout = backend.forward, backend.backward, backend.saved_layout
+def _register(name: str):
+    def kernels():  # (forward, backward, saved_layout) of backend `name` now: see ops_for
+        return _ops[name][0]
 
     def forward_impl(input, weights, bias, old_h, old_cell, named=None):
         if named is None:
             _check_traced_choice(name, input)
-        return list(fwd_kernel(input, weights, bias, old_h, old_cell))
+        return list(kernels()[0](input, weights, bias, old_h, old_cell))
 
     def backward_impl(grad_new_h, grad_new_cell, weights, saved, needs_grad_X):
-        return list(bwd_kernel(grad_new_h, grad_new_cell, weights, *saved, needs_grad_X))
+        return list(kernels()[1](grad_new_h, grad_new_cell, weights, *saved, needs_grad_X))
 
     forward_op = torch.library.custom_op(
         f"lltm::{name}_forward", forward_impl, mutates_args=(), schema=_FORWARD_SCHEMA
@@ -186,7 +191,7 @@ def _register(backend: Backend):
     def _(input, weights, bias, old_h, old_cell, named=None):
         B, I = input.shape
         S = old_h.shape[1]
-        shapes = [(B, S), (B, S), *layout(B, I, S).values()]
+        shapes = [(B, S), (B, S), *kernels()[2](B, I, S).values()]
         return [input.new_empty(shape) for shape in shapes]
 
     @backward_op.register_fake

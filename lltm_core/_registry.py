@@ -158,11 +158,13 @@ def _discover() -> dict[str, list[BackendRecord]]:
 
 def _records_by_name() -> dict[str, list[BackendRecord]]:
     global _records
-    if _records is None:
+    records = _records  # one read: refresh() may reset the global meanwhile
+    if records is None:
         with _lock:
             if _records is None:
                 _records = _discover()
-    return _records
+            records = _records
+    return records
 
 
 def refresh() -> None:
@@ -181,7 +183,8 @@ def _load(rec: BackendRecord) -> None:
     try:
         factory = rec.entry_point.load()
         backend = factory()
-    except Exception as exc:  # a broken backend must never break lltm-core
+    # A broken backend must never break lltm-core, not even by calling sys.exit().
+    except (Exception, SystemExit) as exc:
         rec.status, rec.reason = "unavailable", f"failed to load: {type(exc).__name__}: {exc}"
         log.debug("backend %s (%s): %s", rec.name, rec.distribution, rec.reason)
         return
@@ -200,7 +203,7 @@ def _load(rec: BackendRecord) -> None:
     else:
         try:
             why_not = backend.availability()
-        except Exception as exc:
+        except (Exception, SystemExit) as exc:
             why_not = f"availability check failed: {type(exc).__name__}: {exc}"
         rec.backend = backend
         rec.status, rec.reason = ("available", "") if why_not is None else ("unavailable", why_not)
@@ -231,18 +234,26 @@ def _resolve(name: str) -> BackendRecord | None:
 def report() -> list[dict]:
     """Every discovered entry point (loading each), with status and reason."""
     out = []
-    for name in sorted(_records_by_name()):
-        shown = _resolve(name)
-        for rec in _records_by_name()[name]:
-            d = rec.as_dict()
-            if shown.status == "disabled" and rec.available:
-                d["status"], d["reason"] = shown.status, shown.reason
-            out.append(d)
+    with _lock:  # one consistent view: refresh() waits
+        records = _records_by_name()
+        for name in sorted(records):
+            shown = _resolve(name)
+            for rec in records[name]:
+                d = rec.as_dict()
+                if shown.status == "disabled" and rec.available:
+                    d["status"], d["reason"] = shown.status, shown.reason
+                out.append(d)
     return out
 
 
 def available_names() -> list[str]:
-    return [n for n in sorted(_records_by_name()) if (r := _resolve(n)) is not None and r.available]
+    with _lock:  # one consistent view: refresh() waits
+        return [n for n in sorted(_records_by_name()) if (r := _resolve(n)) is not None and r.available]
+
+
+def is_loaded_from_entry_point(backend: Backend) -> bool:
+    """Whether ``backend`` is the object an entry point's factory returned since the last refresh()."""
+    return any(rec.backend is backend for rec in _records_by_name().get(backend.name, ()))
 
 
 def _requested() -> tuple[str | None, str]:
@@ -353,10 +364,13 @@ def _select_uncached(device_type: str, dtype: torch.dtype, name: str | None, sou
         candidates.append(rec.backend)
     if not candidates:
         lines = "\n  ".join(rejected) or "no backends are installed"
-        raise BackendError(
-            f"no lltm backend can take {what}.\n  {lines}\n"
-            f"Install one: {_INSTALL_HINTS['ref']} runs anywhere."
-        )
+        if "ref" not in _records_by_name():
+            advice = f"Install one: {_INSTALL_HINTS['ref']} runs anywhere."
+        elif _disabled_names():
+            advice = f"{ENV_DISABLE}={_env_disabled()} hides some of them."
+        else:
+            advice = "None of the installed backends takes these tensors (see why above); `lltm info` lists them."
+        raise BackendError(f"no lltm backend can take {what}.\n  {lines}\n{advice}")
     chosen = min(candidates, key=lambda b: (-b.priority, b.name))
     log.debug(
         "%s -> %s (priority %d; candidates %s; rejected %s)",

@@ -12,9 +12,10 @@ A backend is a distribution that registers an entry point in the group
 
 lltm-core calls that factory the first time the backend is needed, never at
 ``import lltm_core``, so a backend may do expensive work there (load a shared
-library, probe the GPU).  Anything the factory raises is recorded as the
-backend's reason for being unavailable; it never breaks lltm-core or another
-backend.
+library, probe the GPU).  Anything the factory raises (including the
+TypeError that :class:`Backend` raises for a malformed field) is recorded as
+the backend's reason for being unavailable; it never breaks lltm-core or
+another backend.
 
 What lltm-core guarantees to the kernels
 ----------------------------------------
@@ -110,6 +111,35 @@ class Backend:
     availability: Callable[[], str | None] = field(default=always_available)
     #: One line for ``lltm info``.
     description: str = ""
+
+    def __post_init__(self):
+        # A backend is someone else's code: a malformed field fails here, when
+        # its factory runs (lltm-core then records the error against that one
+        # backend), not later inside every selection and `lltm info`.
+        def bad(field_name: str, want: str):
+            return TypeError(f"Backend {self.name!r}: {field_name} must be {want}, got {getattr(self, field_name)!r}")
+
+        if not (isinstance(self.name, str) and self.name.isidentifier()):
+            raise TypeError(f"Backend: name must be a Python identifier (it names the custom operators), "
+                            f"got {self.name!r}")
+        for name in ("forward", "backward", "saved_layout", "availability"):
+            if not callable(getattr(self, name)):
+                raise bad(name, "callable")
+        for name, kind, want in (("devices", str, "a set of device type names such as {'cpu'}"),
+                                 ("dtypes", torch.dtype, "a set of torch.dtype")):
+            value = getattr(self, name)
+            if isinstance(value, (str, bytes)) or not isinstance(value, (set, frozenset, list, tuple)) \
+                    or not all(isinstance(v, kind) for v in value):
+                raise bad(name, want)
+            object.__setattr__(self, name, frozenset(value))
+        if isinstance(self.priority, bool) or not isinstance(self.priority, int):
+            raise bad("priority", "an int")
+        if not isinstance(self.interface_versions, (tuple, list)) or not all(
+                isinstance(v, int) and not isinstance(v, bool) for v in self.interface_versions):
+            raise bad("interface_versions", "a tuple of ints")
+        object.__setattr__(self, "interface_versions", tuple(self.interface_versions))
+        if not isinstance(self.description, str):
+            raise bad("description", "a str")
 
     def supports(self, device_type: str, dtype: torch.dtype) -> str | None:
         """``None`` if this backend takes tensors of that device type and dtype, else why not."""

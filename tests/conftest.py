@@ -47,6 +47,16 @@ FAKE_MODULE = textwrap.dedent(
         return grad_X, gw * 1.01, gb, gc   # a 1% error in grad_weights
 
     def wrong():        return _ref(name="wrong", backward=_wrong_backward)
+
+    # Malformed: caught when the factory builds the Backend, reported against that backend only.
+    def bad_devices():  return _ref(name="bad_devices", devices=None)
+    def bad_priority(): return _ref(name="bad_priority", priority="100")
+    def exits():        import sys; sys.exit("a plugin that calls sys.exit()")
+
+    # New kernel objects on every call of the factory, as closures or bound methods give.
+    def fresh():
+        return _ref(name="fresh", priority=60, devices=frozenset({"cpu"}), dtypes=frozenset({torch.float32}),
+                    forward=lambda *args: lltm_ref.forward(*args))
     '''
 )
 

@@ -82,6 +82,19 @@ def test_refresh_retraces(fast_and_ref, compiled_lltm):
     assert len(graphs) == 2
 
 
+def test_refresh_with_a_factory_that_returns_new_kernels(fake_backends, compiled_lltm):
+    """After refresh() an entry point's factory may build new kernel objects (closures): they are the
+    same backend, and its operators run them instead of refusing them as another backend."""
+    fake_backends("lltm-fake-fresh", {"fresh": "fresh"})
+    compiled_lltm, graphs = compiled_lltm
+    inputs = make_inputs(3, 4, 5)
+    want = lltm_core.lltm(*inputs, backend="ref")
+    torch.testing.assert_close(compiled_lltm(*inputs), want)
+    lltm_core.refresh()
+    torch.testing.assert_close(compiled_lltm(*inputs), want)
+    assert graphs == [["lltm.fresh_forward"], ["lltm.fresh_forward"]]
+
+
 def test_two_backends_with_one_name_cannot_share_its_operators():
     import lltm_ref
 

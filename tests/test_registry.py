@@ -44,8 +44,12 @@ def test_priority_then_name(fake_backends):
 
 def test_broken_backends_are_reported_not_raised(fake_backends):
     fake_backends("lltm-fake", {"broken": "broken", "future": "future", "nogpu": "nogpu",
-                                "misnamed": "misnamed", "not_backend": "not_backend"})
+                                "misnamed": "misnamed", "not_backend": "not_backend", "bad_devices": "bad_devices",
+                                "bad_priority": "bad_priority", "exits": "exits"})
     report = {r["name"]: r for r in lltm_core.backend_report()}
+    assert "TypeError: Backend 'bad_devices': devices must be a set of device type names" in report["bad_devices"]["reason"]
+    assert "priority must be an int, got '100'" in report["bad_priority"]["reason"]
+    assert "SystemExit: a plugin that calls sys.exit()" in report["exits"]["reason"]
     assert report["broken"]["status"] == "unavailable"
     assert "ImportError: libfoo.so" in report["broken"]["reason"]
     assert "interface [99]" in report["future"]["reason"] and "speaks 1" in report["future"]["reason"]
@@ -137,6 +141,16 @@ def test_no_backend_can_take_it_lists_every_rejection(fake_backends, monkeypatch
     assert "broken: unavailable (failed to load: ImportError" in message
     assert "fast: takes float32, not float64" in message
     assert "ref: disabled (hidden by LLTM_DISABLE_BACKENDS)" in message
+    # lltm-ref is installed: the advice is about the variable, not about installing it.
+    assert "LLTM_DISABLE_BACKENDS=ref hides some of them" in message and "pip install" not in message
+
+
+def test_no_backend_for_the_device_says_so_without_install_advice(fake_backends):
+    with pytest.raises(BackendError) as err:
+        lltm_core.get_backend(device="meta", dtype=torch.float32)
+    message = str(err.value)
+    assert "ref: runs on cpu/cuda/mps/xpu, not meta" in message
+    assert "None of the installed backends takes these tensors" in message and "pip install" not in message
 
 
 def test_decisions_are_logged(fake_backends, caplog):
