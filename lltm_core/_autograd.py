@@ -105,9 +105,16 @@ def _backward(ctx, grad_new_h, grad_new_cell):
 # Function.apply's Python wrapper only adds support for functorch transforms
 # (vmap, grad), which this Function does not implement anyway (no
 # setup_context); skipping it saves about 10 us a call at the seed's size.
-# With a transform active we still go through it, so its error is the one seen.
+# With a transform active and a derivative needed, lltm raises its own error
+# rather than torch's generic one about setup_context.
 _apply_without_functorch = super(torch.autograd.Function, _LLTMFunction).apply
 _functorch_active = torch._C._are_functorch_transforms_active
+
+_FUNCTORCH = (
+    "lltm: torch.func transforms (grad, jvp, vjp, jacrev, and vmap over a call that needs a gradient) "
+    "cannot differentiate lltm: the backends' kernels have only the backward that torch.autograd runs. "
+    "Use .backward() or torch.autograd.grad; vmap works on calls that need no gradient (under torch.no_grad())"
+)
 
 
 def apply_eager(backend: Backend, input, weights, bias, old_h, old_cell):
@@ -116,7 +123,7 @@ def apply_eager(backend: Backend, input, weights, bias, old_h, old_cell):
         or old_h.requires_grad or old_cell.requires_grad
     ) or _forward_ad._current_level >= 0:  # inside forward_ad.dual_level(): the Function's jvp says no
         if _functorch_active():
-            return _LLTMFunction.apply(backend, input, weights, bias, old_h, old_cell)
+            raise RuntimeError(_FUNCTORCH)
         return _apply_without_functorch(backend, input, weights, bias, old_h, old_cell)
     # Nothing to differentiate: skip the Function (and the saved tensors' lifetime).
     out = backend.forward(input, weights, bias, old_h, old_cell)

@@ -151,6 +151,36 @@ def test_forward_mode_ad_is_refused_with_a_reason(backend, requires_grad):
         lltm_core.lltm(dual_input, *inputs[1:], backend=backend)
 
 
+@pytest.mark.parametrize("transform", ["grad", "jvp", "vmap"])
+def test_torch_func_transforms_that_differentiate_are_refused_with_a_reason(transform):
+    input, weights, bias, old_h, old_cell = make_inputs(2, 3, 4, requires_grad=True)
+
+    def new_h_sum(x):
+        return lltm_core.lltm(x, weights, bias, old_h, old_cell)[0].sum()
+
+    def one_row(x, h, c):  # under vmap: the weights require grad
+        return lltm_core.lltm(x[None], weights, bias, h[None], c[None])[0]
+
+    run = {
+        "grad": lambda: torch.func.grad(new_h_sum)(input),
+        "jvp": lambda: torch.func.jvp(new_h_sum, (input,), (torch.randn_like(input),)),
+        "vmap": lambda: torch.func.vmap(one_row)(input, old_h, old_cell),
+    }[transform]
+    with pytest.raises(RuntimeError, match="lltm: torch.func transforms .* cannot differentiate lltm"):
+        run()
+
+
+def test_vmap_without_gradients_matches_a_loop():
+    inputs = make_inputs(3, 4, 5)
+    with torch.no_grad():
+        got = torch.func.vmap(lambda x, h, c: lltm_core.lltm(x[None], inputs[1], inputs[2], h[None], c[None]))(
+            inputs[0], inputs[3], inputs[4])
+        want = [lltm_core.lltm(inputs[0][i:i + 1], inputs[1], inputs[2], inputs[3][i:i + 1], inputs[4][i:i + 1])
+                for i in range(3)]
+    for k in range(2):
+        torch.testing.assert_close(got[k][:, 0], torch.cat([w[k] for w in want]))
+
+
 def test_a_compiled_backends_stand_in_kernel_says_why_it_cannot_run():
     from lltm_core.extension import torch_mismatch, unavailable_kernel
 
