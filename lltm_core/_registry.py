@@ -295,7 +295,7 @@ def _not_found_message(name: str, source: str) -> str:
     )
 
 
-def select(device_type: str, dtype: torch.dtype, name: str | None = None) -> Backend:
+def select(device_type: str, dtype: torch.dtype, name: str | None = None, *, source: str = "backend=") -> Backend:
     """The backend that runs a call on ``device_type`` tensors of ``dtype``.
 
     The decision order:
@@ -314,9 +314,8 @@ def select(device_type: str, dtype: torch.dtype, name: str | None = None) -> Bac
        rejected.
 
     Choices are cached per (request, device type, dtype); ``refresh()`` clears
-    the cache.
+    the cache.  ``source`` says, in errors, where ``name`` came from.
     """
-    source = "backend="
     if name is None:
         name, source = _requested()
     key = (name, device_type, dtype, _env_disabled())

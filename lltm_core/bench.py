@@ -5,13 +5,17 @@ of ``(new_h.sum() + new_cell.sum())``, synchronise, each timed on its own.
 Candidates are measured in alternating rounds inside one process, so a noisy
 machine slows them all alike and the ratios stay meaningful.  A backend whose
 outputs or gradients disagree with the reference is reported as failing and
-not timed.
+not timed; one that raises, and a torch.compile peer that cannot build, fail
+alone while the rest are timed; a backend that cannot take a group's tensors
+(or is unavailable, or disabled) gets a skipped row saying why.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
 import statistics
 import sys
 import time
@@ -19,7 +23,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from . import LLTM, available_backends, get_backend
+from . import LLTM, _registry
 from ._device import cuda_unavailable_reason
 from ._registry import BackendError
 from .testing import SeedLLTM, compare_with_reference, tolerance
@@ -81,6 +85,42 @@ def _usable_devices() -> list[str]:
     return ["cpu"] + (["cuda"] if cuda_unavailable_reason() is None else [])
 
 
+def _check_device(text: str) -> str:
+    """``text`` if it names a device this machine has (cpu, cuda, cuda:N), else exit saying why not."""
+    try:
+        device = torch.device(text)
+    except RuntimeError:
+        raise SystemExit(f"lltm bench: --device takes cpu, cuda or cuda:N, got {text!r}") from None
+    if device.type == "cpu":
+        return text
+    if device.type != "cuda":
+        raise SystemExit(f"lltm bench: --device takes cpu, cuda or cuda:N, got {text!r}")
+    reason = cuda_unavailable_reason()
+    if reason is not None:
+        raise SystemExit(f"lltm bench: --device {text}: {reason}")
+    if device.index is not None and device.index >= torch.cuda.device_count():
+        raise SystemExit(f"lltm bench: --device {text}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+    return text
+
+
+def _check_plot_target(path: str) -> None:
+    """Fail before measuring, not after: matplotlib missing, no such folder, a format it cannot write."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        from matplotlib.figure import Figure
+    except ImportError:
+        raise SystemExit("lltm bench --plot needs matplotlib: pip install matplotlib (or pip install 'lltm-core[plot]')") from None
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise SystemExit(f"lltm bench: --plot {path}: no such folder {folder}")
+    suffix = os.path.splitext(path)[1].lstrip(".").lower()
+    formats = Figure().canvas.get_supported_filetypes()
+    if suffix and suffix not in formats:
+        raise SystemExit(f"lltm bench: --plot {path}: matplotlib cannot write .{suffix} (it writes {', '.join(sorted(formats))})")
+
+
 def _sync(device: str):
     if device == "cuda":
         return torch.cuda.synchronize
@@ -128,40 +168,56 @@ def _summary(samples: list[float]) -> dict:
 def _measure_group(candidates: dict, x, state, device: str, seconds: float | None, iterations: int | None):
     """Alternate the candidates in rounds until each has its budget.
 
-    Returns (name -> (fwd, bwd) samples, interrupted): on Ctrl-C, what was
-    measured so far.
+    Returns (name -> (fwd, bwd) samples, name -> why it failed, interrupted).
+    A candidate that raises (a backend's kernel, torch.compile of the peer) is
+    dropped from the group with its error, and the others go on.  On Ctrl-C,
+    what was measured so far.
     """
     sync = _sync(device)
+    candidates = dict(candidates)
     samples = {name: ([], []) for name in candidates}
-    per_round = 10
-    spent = {name: 0.0 for name in candidates}
+    failures: dict[str, str] = {}
+    # Rounds of 10 calls; with a small --iterations, smaller rounds, so that
+    # the candidates still alternate several times.
+    per_round = 10 if iterations is None else max(1, min(10, iterations // 10))
+
+    def calls(name: str, n: int, fwd: list, bwd: list) -> None:
+        try:
+            for _ in range(n):
+                _time_one_call(candidates[name], x, state, sync, fwd, bwd)
+        except Exception as exc:  # noqa: BLE001 - whatever a backend raises is its own failure
+            failures[name] = f"raised {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+            del candidates[name], samples[name]
+
     try:
-        for model in candidates.values():  # warm-up: first-call allocations, compilation
-            for _ in range(3):
-                _time_one_call(model, x, state, sync, [], [])
-        while True:
-            for name, model in candidates.items():
+        for name in list(candidates):  # warm-up: first-call allocations, compilation
+            calls(name, 3, [], [])
+        while candidates:
+            for name in list(candidates):
                 fwd, bwd = samples[name]
-                for _ in range(per_round):
-                    _time_one_call(model, x, state, sync, fwd, bwd)
-                spent[name] = sum(fwd) + sum(bwd)
+                n = per_round if iterations is None else min(per_round, iterations - len(fwd))
+                calls(name, n, fwd, bwd)
             if iterations is not None:
-                if all(len(s[0]) >= iterations for s in samples.values()):
-                    return samples, False
-            elif all(v >= seconds for v in spent.values()):
-                return samples, False
+                if all(len(f) >= iterations for f, _ in samples.values()):
+                    break
+            elif all(sum(f) + sum(b) >= seconds for f, b in samples.values()):
+                break
+        return samples, failures, False
     except KeyboardInterrupt:
         # a forward may have finished without its backward: keep whole calls only
         for fwd, bwd in samples.values():
             del fwd[len(bwd):]
-        return {k: v for k, v in samples.items() if v[1]}, True
+        return {k: v for k, v in samples.items() if v[1]}, failures, True
 
 
 def _verify(name: str, device: str, dtype: torch.dtype, size) -> str | None:
     """None if backend ``name`` matches the reference on fresh inputs of this size, else what differs."""
     from .testing import make_inputs
 
-    errors = compare_with_reference(name, make_inputs(*size, dtype=dtype, device=device))
+    try:
+        errors = compare_with_reference(name, make_inputs(*size, dtype=dtype, device=device))
+    except Exception as exc:  # noqa: BLE001 - a backend that raises fails here, not the whole run
+        return f"raised {type(exc).__name__} while checked against the reference: {str(exc).splitlines()[0] if str(exc) else ''}"
     tol = tolerance(dtype)
     bad = {k: v for k, v in errors.items() if not v <= tol}
     if bad:
@@ -169,11 +225,27 @@ def _verify(name: str, device: str, dtype: torch.dtype, size) -> str | None:
     return None
 
 
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"
+
+
+def _skip_reason(name: str, device: str, dtype: torch.dtype) -> str:
+    """Why backend ``name``, not asked for, is left out of a group: the row says it, so none vanishes."""
+    rec = _registry._resolve(name)
+    if not rec.available:
+        return f"{rec.status}: {rec.reason}"
+    return rec.backend.supports(torch.device(device).type, dtype) or "cannot take these tensors"
+
+
 def benchmark(sizes, devices, dtypes, backends, *, seconds=None, iterations=None, compile_peer=True,
               on_group=lambda label: None):
     """Yield a :class:`Result` per candidate, group by group; see the module docstring.
 
-    ``on_group(label)`` is called as each (device, dtype, size) group starts.
+    ``backends`` names the backends to time (each one that cannot run is a
+    failure); empty means every discovered backend (each one that cannot take
+    the group's tensors is skipped, with its reason).  ``on_group(label)`` is
+    called as each (device, dtype, size) group starts.
     """
     for device in devices:
         for dtype in dtypes:
@@ -182,39 +254,57 @@ def benchmark(sizes, devices, dtypes, backends, *, seconds=None, iterations=None
                 label = f"B{B} I{I} S{S}"
                 dname = str(dtype)[6:]
                 on_group(f"{device} {dname} {label}")
-                torch.manual_seed(0)
-                seed_module = SeedLLTM(I, S, device=device, dtype=dtype)
-                x = torch.randn(B, I, device=device, dtype=dtype)
-                state = (torch.randn(B, S, device=device, dtype=dtype), torch.randn(B, S, device=device, dtype=dtype))
+                try:
+                    torch.manual_seed(0)
+                    seed_module = SeedLLTM(I, S, device=device, dtype=dtype)
+                    x = torch.randn(B, I, device=device, dtype=dtype)
+                    state = (torch.randn(B, S, device=device, dtype=dtype),
+                             torch.randn(B, S, device=device, dtype=dtype))
+                except Exception as exc:  # noqa: BLE001 - e.g. a size that does not fit: the other groups still run
+                    yield Result("every candidate", device, dname, label, "failed",
+                                 f"could not set up this size: {_first_line(exc)}")
+                    continue
                 candidates = {EAGER: seed_module}
                 if compile_peer:
                     candidates[COMPILED] = torch.compile(seed_module)
-                results = {}
-                for name in backends or available_backends():
+                not_timed = {}
+                for name in backends or sorted({r["name"] for r in _registry.report()}):
                     try:
-                        get_backend(name, device=device, dtype=dtype)
+                        _registry.select(torch.device(device).type, dtype, name, source="--backend")
                     except BackendError as exc:
-                        if backends:  # asked for explicitly: say why it was not timed
-                            results[name] = Result(name, device, dname, label, "failed", str(exc))
+                        not_timed[name] = (
+                            Result(name, device, dname, label, "failed", str(exc)) if backends
+                            else Result(name, device, dname, label, "skipped", _skip_reason(name, device, dtype))
+                        )
                         continue
                     problem = _verify(name, device, dtype, size)
                     if problem:
-                        results[name] = Result(name, device, dname, label, "failed", problem)
+                        not_timed[name] = Result(name, device, dname, label, "failed", problem)
                         continue
                     module = LLTM(I, S, backend=name, device=device, dtype=dtype)
                     module.load_state_dict(seed_module.state_dict())
                     candidates[name] = module
-                samples, interrupted = _measure_group(candidates, x, state, device, seconds, iterations)
+                if backends and not any(name in candidates for name in backends):
+                    yield from not_timed.values()  # nothing asked for can run: timing the peers alone is no use
+                    continue
+                samples, failures, interrupted = _measure_group(candidates, x, state, device, seconds, iterations)
+                if COMPILED in failures:
+                    failures[COMPILED] += " (--no-compile leaves torch.compile out)"
                 base = {k: (_summary(f), _summary(b)) for k, (f, b) in samples.items()}
-                for name, (fwd, bwd) in base.items():
+                for name in candidates:
+                    if name in failures:
+                        yield Result(name, device, dname, label, "failed", failures[name])
+                        continue
+                    if name not in base:  # interrupted before its first whole call
+                        continue
+                    fwd, bwd = base[name]
                     r = Result(name, device, dname, label, forward_us=fwd, backward_us=bwd, calls=len(samples[name][0]))
                     for peer, attr in ((EAGER, "speedup_vs_eager"), (COMPILED, "speedup_vs_compile")):
                         if peer in base and name != peer:
                             pf, pb = base[peer]
                             setattr(r, attr, {"forward": pf["median"] / fwd["median"], "backward": pb["median"] / bwd["median"]})
-                    results[name] = r
-                for r in results.values():
                     yield r
+                yield from not_timed.values()
                 if interrupted:
                     raise KeyboardInterrupt
 
@@ -243,13 +333,9 @@ def format_table(results: list[Result]) -> str:
 
 
 def plot(results: list[Result], path: str) -> None:
-    try:
-        import matplotlib
+    _check_plot_target(path)
+    import matplotlib.pyplot as plt
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise SystemExit("lltm bench --plot needs matplotlib: pip install matplotlib (or pip install 'lltm-core[plot]')") from None
     ok = [r for r in results if r.status == "ok"]
     groups = sorted({(r.device, r.dtype, r.size) for r in ok})
     fig, axes = plt.subplots(1, len(groups), figsize=(6 * len(groups), 4.5), squeeze=False)
@@ -270,10 +356,13 @@ def plot(results: list[Result], path: str) -> None:
 def run(args) -> int:
     sizes = [_parse_size(s) for s in args.size] + [s for p in args.preset for s in PRESETS[p]]
     sizes = sizes or PRESETS["seed"]
-    devices = args.device or _usable_devices()
-    for d in devices:
-        if d not in _usable_devices():
-            raise SystemExit(f"lltm bench: device {d!r} is not available here (available: {', '.join(_usable_devices())})")
+    devices = [_check_device(d) for d in args.device] or _usable_devices()
+    if args.seconds is not None and not (math.isfinite(args.seconds) and args.seconds > 0):
+        raise SystemExit(f"lltm bench: --seconds takes a number of seconds > 0, got {args.seconds}")
+    if args.iterations is not None and args.iterations < 1:
+        raise SystemExit(f"lltm bench: --iterations takes a count >= 1, got {args.iterations}")
+    if args.plot:
+        _check_plot_target(args.plot)
     dtypes = [_DTYPES[d] for d in args.dtype] or [torch.float32]
     seconds = args.seconds if args.seconds is not None or args.iterations is not None else 2.0
     groups = len(devices) * len(dtypes) * len(sizes)
@@ -298,7 +387,7 @@ def run(args) -> int:
         print(format_table(results) if results else "  nothing measured")
         if interrupted:
             print("(interrupted: the table shows what was measured before Ctrl-C)")
-    if args.plot and results:
+    if args.plot and any(r.status == "ok" for r in results):
         plot(results, args.plot)
         print(f"plot written to {args.plot}", file=sys.stderr)
     failed = [r for r in results if r.status == "failed"]

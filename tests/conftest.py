@@ -53,6 +53,17 @@ FAKE_MODULE = textwrap.dedent(
     def bad_priority(): return _ref(name="bad_priority", priority="100")
     def exits():        import sys; sys.exit("a plugin that calls sys.exit()")
 
+    # Passes the reference check, then its kernel starts raising (lltm bench must go on without it).
+    _calls = [0]
+
+    def _flaky_forward(*args):
+        _calls[0] += 1
+        if _calls[0] > 2:
+            raise RuntimeError("kernel exploded")
+        return lltm_ref.forward(*args)
+
+    def flaky():        return _ref(name="flaky", forward=_flaky_forward)
+
     # New kernel objects on every call of the factory, as closures or bound methods give.
     def fresh():
         return _ref(name="fresh", priority=60, devices=frozenset({"cpu"}), dtypes=frozenset({torch.float32}),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -76,6 +77,76 @@ def test_bench_names_an_unusable_backend(capsys):
 def test_bench_rejects_a_bad_size():
     with pytest.raises(SystemExit, match="--size takes B,I,S"):
         main(["bench", "--size", "16,32"])
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--seconds", "nan"], "--seconds takes a number of seconds > 0, got nan"),
+    (["--seconds", "inf"], "--seconds takes a number of seconds > 0, got inf"),
+    (["--seconds", "0"], "--seconds takes a number of seconds > 0, got 0.0"),
+    (["--iterations", "0"], "--iterations takes a count >= 1, got 0"),
+    (["--device", "tpu"], "--device takes cpu, cuda or cuda:N, got 'tpu'"),
+    (["--plot", "/no/such/folder/bench.png"], "--plot /no/such/folder/bench.png: no such folder /no/such/folder"),
+    (["--plot", "bench.xyz"], "matplotlib cannot write .xyz"),
+])
+def test_bench_rejects_bad_options_before_measuring(args, message):
+    with pytest.raises(SystemExit, match=re.escape(message)):
+        main(["bench", *args])
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without a GPU")
+def test_bench_says_why_cuda_cannot_be_benchmarked():
+    with pytest.raises(SystemExit, match=r"--device cuda: .*(CPU-only build|no GPU is visible)"):
+        main(["bench", "--device", "cuda"])
+
+
+def test_bench_runs_exactly_the_iterations_asked_for():
+    out = _lltm("bench", "--json", "--iterations", "15", "--no-compile", "--backend", "ref", "--size", "3,4,5")
+    assert out.returncode == 0, out.stderr
+    assert {r["candidate"]: r["calls"] for r in json.loads(out.stdout)["results"]} == {"eager (seed module)": 15, "ref": 15}
+
+
+def test_bench_goes_on_when_a_backend_raises_mid_run(fake_backends, capsys):
+    fake_backends("lltm-fake", {"flaky": "flaky"})
+    code = main(["bench", "--iterations", "20", "--no-compile", "--size", "3,4,5"])
+    out = capsys.readouterr().out
+    assert code == 1
+    flaky = next(line for line in out.splitlines() if line.strip().startswith("flaky"))
+    assert "FAILED" in flaky and "raised RuntimeError: kernel exploded" in flaky
+    assert "x /" in next(line for line in out.splitlines() if line.strip().startswith("ref"))
+
+
+def test_bench_goes_on_when_torch_compile_fails(monkeypatch, capsys):
+    def compile_that_fails(module):
+        def run(*args):
+            raise RuntimeError("InvalidCxxCompiler: no working C++ compiler found")
+        return run
+
+    monkeypatch.setattr(torch, "compile", compile_that_fails)
+    code = main(["bench", "--iterations", "10", "--backend", "ref", "--size", "3,4,5"])
+    out = capsys.readouterr().out
+    assert code == 1
+    compiled = next(line for line in out.splitlines() if line.strip().startswith("torch.compile"))
+    assert "FAILED" in compiled and "InvalidCxxCompiler" in compiled and "--no-compile" in compiled
+    assert "x /" in next(line for line in out.splitlines() if line.strip().startswith("ref"))
+
+
+def test_bench_a_size_that_cannot_be_set_up_fails_alone(capsys):
+    code = main(["bench", "--iterations", "10", "--no-compile", "--backend", "ref",
+                 "--size", "3,4,5", "--size", "100000,100000,100000"])
+    out = capsys.readouterr().out
+    assert code == 1
+    assert "x /" in next(line for line in out.splitlines() if line.strip().startswith("ref"))
+    huge = next(line for line in out.splitlines() if "B100000" in line)
+    assert "FAILED" in huge and "could not set up this size" in huge
+
+
+def test_bench_shows_why_a_backend_was_left_out(fake_backends, capsys):
+    fake_backends("lltm-fake", {"fast": "fast"})  # float32 only
+    code = main(["bench", "--iterations", "10", "--no-compile", "--dtype", "float64", "--size", "3,4,5"])
+    out = capsys.readouterr().out
+    assert code == 0
+    fast = next(line for line in out.splitlines() if line.strip().startswith("fast"))
+    assert "SKIPPED" in fast and "takes float32, not float64" in fast
 
 
 def test_bench_plot_without_matplotlib_says_what_to_install(monkeypatch, tmp_path):
