@@ -53,6 +53,36 @@ FAKE_MODULE = textwrap.dedent(
     def bad_priority(): return _ref(name="bad_priority", priority="100")
     def exits():        import sys; sys.exit("a plugin that calls sys.exit()")
 
+    # Contract breakers the conformance kit must catch (tests/test_kit.py), each built on lltm-ref.
+    def _none_grad_X(*args):
+        grad_X, gw, gb, gc = lltm_ref.backward(*args)
+        return (None if grad_X.numel() == 0 else grad_X), gw, gb, gc
+
+    def _dense_only_backward(grad_h, grad_cell, *rest):
+        # reads its gradients as if they were dense: wrong for the expanded ones a sum() gives
+        if not grad_h.is_contiguous():
+            grad_h, grad_cell = torch.zeros_like(grad_h), torch.zeros_like(grad_cell)
+        return lltm_ref.backward(grad_h, grad_cell, *rest)
+
+    def _mutating_backward(grad_h, grad_cell, *rest):
+        out = lltm_ref.backward(grad_h, grad_cell, *rest)
+        grad_cell.mul_(1.0)  # same values, but a write
+        return out
+
+    def _aliasing_forward(input, weights, bias, old_h, old_cell):
+        new_h, new_cell, *saved = lltm_ref.forward(input, weights, bias, old_h, old_cell)
+        return (new_h, new_cell, *saved[:-1], old_cell[:])  # "saves" a view of old_cell as tanh_cell
+
+    def _bad_layout(B, I, S):
+        return {**lltm_ref.saved_layout(B, I, S), "X": (B, S)}
+
+    def none_grad_x():   return _ref(name="none_grad_x", backward=_none_grad_X)
+    def dense_only():    return _ref(name="dense_only", backward=_dense_only_backward)
+    def mutating():      return _ref(name="mutating", backward=_mutating_backward)
+    def aliasing():      return _ref(name="aliasing", forward=_aliasing_forward)
+    def bad_layout():    return _ref(name="bad_layout", saved_layout=_bad_layout)
+    def float32_only():  return _ref(name="float32_only", dtypes=frozenset({torch.float32}))
+
     # Passes the reference check, then its kernel starts raising (lltm bench must go on without it).
     _calls = [0]
 

@@ -93,6 +93,16 @@ def _takes(name: str, device: str, dtype: torch.dtype) -> bool:
     return rec.backend.supports(torch.device(device).type, dtype) is None
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A failing kit test shows the seed beside its error: the header that also says it may be hidden (-q)."""
+    outcome = yield
+    report = outcome.get_result()
+    seed = getattr(item.config, "_lltm_seed", None)
+    if report.failed and seed is not None and any(n.startswith("lltm_") for n in getattr(item, "fixturenames", ())):
+        report.sections.append(("lltm", f"seed {seed}: rerun with --lltm-seed {seed}"))
+
+
 @pytest.fixture
 def lltm_device(request) -> str:
     return request.config.getoption("--lltm-device")
