@@ -25,7 +25,7 @@ TORCH_CPU = "torch==2.13.0"  # the CPU build: tests run against it
 TORCH_CUDA = "torch==2.14.1"  # the CUDA 13.0 build: only to compile lltm-cuda here
 TORCH_DEVICE = "torch==2.11.0"  # what the H200 machine's image runs (2.11.0+cu130): see the device_torch session
 BUILD_TOOLS = ("setuptools>=64", "wheel", "ninja")
-TEST_TOOLS = ("pytest", "numpy")
+TEST_TOOLS = ("pytest", "numpy", "matplotlib")  # matplotlib: lltm bench --plot is tested too
 WHEELHOUSE = ROOT / "wheelhouse"
 
 nox.options.default_venv_backend = "venv"

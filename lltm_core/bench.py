@@ -104,7 +104,10 @@ def _check_device(text: str) -> str:
 
 
 def _check_plot_target(path: str) -> None:
-    """Fail before measuring, not after: matplotlib missing, no such folder, a format it cannot write."""
+    """Fail before measuring, not after: no such folder, matplotlib missing, a format it cannot write."""
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise SystemExit(f"lltm bench: --plot {path}: no such folder {folder}")
     try:
         import matplotlib
 
@@ -112,9 +115,6 @@ def _check_plot_target(path: str) -> None:
         from matplotlib.figure import Figure
     except ImportError:
         raise SystemExit("lltm bench --plot needs matplotlib: pip install matplotlib (or pip install 'lltm-core[plot]')") from None
-    folder = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(folder):
-        raise SystemExit(f"lltm bench: --plot {path}: no such folder {folder}")
     suffix = os.path.splitext(path)[1].lstrip(".").lower()
     formats = Figure().canvas.get_supported_filetypes()
     if suffix and suffix not in formats:

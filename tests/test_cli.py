@@ -93,6 +93,13 @@ def test_bench_rejects_bad_options_before_measuring(args, message):
         main(["bench", *args])
 
 
+def test_bench_plot_writes_a_png(tmp_path):
+    out = _lltm("bench", "--iterations", "10", "--no-compile", "--backend", "ref", "--size", "2,2,2",
+                "--plot", str(tmp_path / "bench.png"))
+    assert out.returncode == 0, out.stderr
+    assert (tmp_path / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without a GPU")
 def test_bench_says_why_cuda_cannot_be_benchmarked():
     with pytest.raises(SystemExit, match=r"--device cuda: .*(CPU-only build|no GPU is visible)"):
