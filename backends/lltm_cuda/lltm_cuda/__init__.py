@@ -28,6 +28,36 @@ def saved_layout(batch: int, input_features: int, state_size: int) -> dict:
     }
 
 
+def arch_mismatch(arch_list: str, capability: tuple[int, int]) -> str | None:
+    """None if a library built for TORCH_CUDA_ARCH_LIST ``arch_list`` runs on a GPU of ``capability``.
+
+    Machine code for X.Y runs on X.Z with Z >= Y (not on another major);
+    PTX (``+PTX``) is compiled by the driver for any newer GPU.  Entries this
+    cannot read (architecture names such as "Hopper") give None: no guess.
+    """
+    for entry in arch_list.replace(" ", ";").split(";"):
+        if not entry:
+            continue
+        ptx = entry.endswith("+PTX")
+        number = entry.removesuffix("+PTX")
+        specific = number.endswith(("a", "f"))  # sm_90a and the like: that GPU only
+        try:
+            built = tuple(int(part) for part in number.rstrip("af").split("."))
+        except ValueError:
+            return None
+        if len(built) != 2:
+            return None
+        if built == capability or (not specific and (
+                (built[0] == capability[0] and built[1] <= capability[1]) or (ptx and built <= capability))):
+            return None
+    major, minor = capability
+    return (
+        f"this GPU is sm_{major}{minor} but lltm-cuda was built for TORCH_CUDA_ARCH_LIST={arch_list!r}, "
+        f"which has no code that runs on it: rebuild with TORCH_CUDA_ARCH_LIST={major}.{minor} "
+        f"(pip install --no-build-isolation --force-reinstall ./backends/lltm_cuda)"
+    )
+
+
 def _load_library() -> None:
     from . import _C  # noqa: F401  (importing runs the operator registrations)
 
@@ -47,6 +77,11 @@ def unavailable_reason() -> str | None:
         )
     if not torch.cuda.is_available():
         return "no CUDA device visible (torch.cuda.is_available() is False: no GPU, no driver, or CUDA_VISIBLE_DEVICES hides it)"
+    # Else it would report itself available and fail at the first launch with "no kernel image".
+    for index in range(torch.cuda.device_count()):
+        mismatch = arch_mismatch(_build_info.ARCH_LIST, torch.cuda.get_device_capability(index))
+        if mismatch is not None:
+            return f"cuda:{index}: {mismatch}"
     try:
         _load_library()
     except (ImportError, OSError) as exc:

@@ -27,11 +27,15 @@ def test_backend_metadata():
     assert backend.saved_layout(2, 3, 5) == {"X": (2, 8), "gates": (2, 15), "tanh_cell": (2, 5)}
 
 
-def _fake_runtime(monkeypatch, *, version=None, cuda="13.0", device=True, load_error=None):
+def _fake_runtime(monkeypatch, *, version=None, cuda="13.0", device=True, load_error=None, capability=None):
     """Make the running torch look like another one, so every branch runs on any machine."""
     monkeypatch.setattr(torch, "__version__", version or _build_info.TORCH_VERSION)
     monkeypatch.setattr(torch.version, "cuda", cuda)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: device)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1 if device else 0)
+    monkeypatch.setattr(lltm_cuda, "_build_info", type("BuildInfo", (), {
+        "TORCH_VERSION": _build_info.TORCH_VERSION, "ARCH_LIST": "8.0;9.0+PTX"}))
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=None: capability or (9, 0))
 
     def load_library():
         if load_error is not None:
@@ -61,6 +65,30 @@ def test_library_fails_to_load(monkeypatch):
     _fake_runtime(monkeypatch, load_error=OSError("libcudart.so.13: cannot open shared object file"))
     reason = lltm_cuda.unavailable_reason()
     assert reason.startswith("the compiled library lltm_cuda._C failed to load") and "libcudart.so.13" in reason
+
+
+def test_gpu_the_library_has_no_code_for(monkeypatch):
+    _fake_runtime(monkeypatch, capability=(7, 5))  # built for 8.0;9.0+PTX
+    reason = lltm_cuda.unavailable_reason()
+    assert reason.startswith("cuda:0: this GPU is sm_75 but lltm-cuda was built for TORCH_CUDA_ARCH_LIST='8.0;9.0+PTX'")
+    assert "rebuild with TORCH_CUDA_ARCH_LIST=7.5" in reason
+
+
+@pytest.mark.parametrize("arch_list, capability, runs", [
+    ("8.0;9.0+PTX", (8, 0), True),
+    ("8.0;9.0+PTX", (8, 6), True),    # sm_80 machine code runs on sm_86
+    ("8.0;9.0+PTX", (9, 0), True),
+    ("8.0;9.0+PTX", (10, 0), True),   # through 9.0's PTX
+    ("8.0;9.0+PTX", (7, 5), False),
+    ("9.0", (9, 0), True),            # what gpu_check.sh builds for the H200
+    ("9.0", (10, 0), False),          # no PTX: nothing for a newer major
+    ("9.0", (8, 0), False),
+    ("9.0a", (9, 0), True),
+    ("8.0;8.6", (8, 9), True),
+    ("Hopper", (9, 0), True),         # a name: not guessed at
+])
+def test_arch_mismatch(arch_list, capability, runs):
+    assert (lltm_cuda.arch_mismatch(arch_list, capability) is None) == runs
 
 
 def test_available(monkeypatch):
