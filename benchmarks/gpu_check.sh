@@ -15,7 +15,9 @@
 # Environment: PYTHON (default python3), TORCH_CUDA_ARCH_LIST (default 9.0: one
 # architecture keeps the build short), GPU_CHECK_SECONDS (default 480: the whole run's
 # budget; each step gets at most what is left), DRY_RUN=1 (go on without a GPU, to try
-# every step on a CPU machine: the GPU tests and the benchmark then skip), LLTM_SEED
+# every step on a CPU machine: the GPU tests and the benchmark then skip), GPU_CHECK_SITE=1
+# (install into a temporary folder on PYTHONPATH, as happens anyway where the interpreter's
+# site-packages is not writable), LLTM_SEED
 # (the conformance kit's seed; default: a fresh one, printed in the report).
 set -euo pipefail
 
@@ -86,8 +88,19 @@ checks() {
         echo "DRY_RUN=1: no GPU; going on, the GPU tests and the benchmark will skip."
         NO_GPU=1
     fi
+    # Into the interpreter's own site-packages when it may write there, else (or with
+    # GPU_CHECK_SITE=1) into a folder of its own on PYTHONPATH, as the device README does.
+    local site_args=()
+    if [[ -n ${GPU_CHECK_SITE:-} ]] || ! "$PYTHON" -c \
+            'import os, sys, sysconfig; sys.exit(not os.access(sysconfig.get_paths()["purelib"], os.W_OK))'; then
+        local site
+        site=$(mktemp -d)
+        site_args=(--target "$site")
+        export PYTHONPATH=$site${PYTHONPATH:+:$PYTHONPATH}
+        echo "installing into $site (on PYTHONPATH), not $PYTHON's site-packages"
+    fi
     # Without the three packages nothing else can run.
-    step build 200 "$PYTHON" -m pip install --no-build-isolation --no-deps --no-index \
+    step build 200 "$PYTHON" -m pip install "${site_args[@]}" --no-build-isolation --no-deps --no-index \
         . ./backends/lltm_ref ./backends/lltm_cuda || return 1
     step conformance-kit 150 "$PYTHON" -m pytest -p no:cacheprovider -q -rs --pyargs lltm_core.testing \
         --lltm-backend cuda --lltm-device cuda --lltm-seed "$LLTM_SEED" \
