@@ -165,6 +165,12 @@ def _summary(samples: list[float]) -> dict:
     return {"mean": statistics.fmean(samples) * 1e6, "median": statistics.median(samples) * 1e6}
 
 
+def _first_line(exc: BaseException) -> str:
+    """``Type: first line of the message``: enough for a table cell."""
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"
+
+
 def _measure_group(candidates: dict, x, state, device: str, seconds: float | None, iterations: int | None):
     """Alternate the candidates in rounds until each has its budget.
 
@@ -186,7 +192,7 @@ def _measure_group(candidates: dict, x, state, device: str, seconds: float | Non
             for _ in range(n):
                 _time_one_call(candidates[name], x, state, sync, fwd, bwd)
         except Exception as exc:  # noqa: BLE001 - whatever a backend raises is its own failure
-            failures[name] = f"raised {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+            failures[name] = f"raised {_first_line(exc)}"
             del candidates[name], samples[name]
 
     try:
@@ -217,17 +223,12 @@ def _verify(name: str, device: str, dtype: torch.dtype, size) -> str | None:
     try:
         errors = compare_with_reference(name, make_inputs(*size, dtype=dtype, device=device))
     except Exception as exc:  # noqa: BLE001 - a backend that raises fails here, not the whole run
-        return f"raised {type(exc).__name__} while checked against the reference: {str(exc).splitlines()[0] if str(exc) else ''}"
+        return f"raised {_first_line(exc)}, while checked against the reference"
     tol = tolerance(dtype)
     bad = {k: v for k, v in errors.items() if not v <= tol}
     if bad:
         return "disagrees with the reference: " + ", ".join(f"{k} rel. error {v:.2g} > {tol:g}" for k, v in bad.items())
     return None
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"
 
 
 def _skip_reason(name: str, device: str, dtype: torch.dtype) -> str:
@@ -247,6 +248,7 @@ def benchmark(sizes, devices, dtypes, backends, *, seconds=None, iterations=None
     the group's tensors is skipped, with its reason).  ``on_group(label)`` is
     called as each (device, dtype, size) group starts.
     """
+    names = backends or sorted({r["name"] for r in _registry.report()})  # report() loads each backend once
     for device in devices:
         for dtype in dtypes:
             for size in sizes:
@@ -268,7 +270,7 @@ def benchmark(sizes, devices, dtypes, backends, *, seconds=None, iterations=None
                 if compile_peer:
                     candidates[COMPILED] = torch.compile(seed_module)
                 not_timed = {}
-                for name in backends or sorted({r["name"] for r in _registry.report()}):
+                for name in names:
                     try:
                         _registry.select(torch.device(device).type, dtype, name, source="--backend")
                     except BackendError as exc:
