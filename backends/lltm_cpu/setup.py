@@ -55,17 +55,13 @@ class BuildExtensionPerISA(BuildExtension):
                 depends=ext.depends,
             )
         super().build_extension(ext)
-        self._record_torch(ext)
 
-    def copy_extensions_to_source(self):
-        # An editable install: the library linked in build/lib is copied into
-        # the source tree, and the record of its torch goes with it.
-        super().copy_extensions_to_source()
+    def run(self):
+        super().run()
+        # Now that setuptools has copied the library into the source tree if
+        # this is an editable install, get_ext_fullpath names where it lies.
         for ext in self.extensions:
-            self._record_torch(ext)
-
-    def _record_torch(self, ext):
-        Path(self.get_ext_fullpath(ext.name)).with_name("_build_info.py").write_text(BUILD_INFO)
+            Path(self.get_ext_fullpath(ext.name)).with_name("_build_info.py").write_text(BUILD_INFO)
 
 
 setup(

@@ -116,19 +116,12 @@ def main() -> None:
             # against another torch; with ninja, BuildExtension already forces and ninja decides.
             self.force = True
 
-        def build_extension(self, ext):
-            super().build_extension(ext)
-            self._record_build(ext)
-
-        def copy_extensions_to_source(self):
-            # An editable install: the library linked in build/lib is copied into
-            # the source tree, and the record of its build goes with it.
-            super().copy_extensions_to_source()
+        def run(self):
+            super().run()
+            # Now that setuptools has copied the library into the source tree if
+            # this is an editable install, get_ext_fullpath names where it lies.
             for ext in self.extensions:
-                self._record_build(ext)
-
-        def _record_build(self, ext):
-            Path(self.get_ext_fullpath(ext.name)).with_name("_build_info.py").write_text(info)
+                Path(self.get_ext_fullpath(ext.name)).with_name("_build_info.py").write_text(info)
 
     # BuildExtension compiles against the limited API of torch's oldest
     # supported Python (0x030A0000 -> 3.10); the wheel's abi3 tag must say so.
