@@ -18,7 +18,7 @@
 # every step on a CPU machine: the GPU tests and the benchmark then skip), GPU_CHECK_SITE=1
 # (install into a temporary folder on PYTHONPATH, as happens anyway where the interpreter's
 # site-packages is not writable), LLTM_SEED
-# (the conformance kit's seed; default: a fresh one, printed in the report).
+# (the seed of the kit and of lltm-cuda's tests; default: a fresh one, printed in the report).
 set -euo pipefail
 
 SCRIPT=$(readlink -f "$0")  # before the cd: it re-runs itself below
@@ -107,7 +107,8 @@ checks() {
         --lltm-dtype float32 --lltm-dtype float64 --lltm-dtype float16 --lltm-dtype bfloat16 || true
     # On the GPU machine, lltm-cuda failing to load is an error, not a skip.
     LLTM_REQUIRE_GPU=$([[ -n $NO_GPU ]] && echo 0 || echo 1) \
-        step gpu-tests 90 "$PYTHON" -m pytest -p no:cacheprovider -q -rs backends/lltm_cuda/tests || true
+        step gpu-tests 90 "$PYTHON" -m pytest -p no:cacheprovider -q -rs backends/lltm_cuda/tests \
+        --lltm-seed "$LLTM_SEED" || true
     step benchmark 150 "$PYTHON" benchmarks/bench_gpu.py --markdown "$STEP_LOGS/bench.md" || true
     [[ ${RESULTS[*]} != *FAIL* ]]
 }
@@ -124,7 +125,7 @@ report() {
             ""
             "Command: \`bash benchmarks/gpu_check.sh\` (TORCH_CUDA_ARCH_LIST=$TORCH_CUDA_ARCH_LIST), $(date -u +"%Y-%m-%d %H:%M UTC")."
             "$("$PYTHON" -c 'import torch; print(f"torch {torch.__version__} (CUDA {torch.version.cuda})")' 2>&1), nvcc $("$NVCC" --version 2>/dev/null | grep -o 'release [0-9.]*' || echo '?'), driver ${gpu#*, }."
-            "Conformance kit seed $LLTM_SEED (LLTM_SEED=$LLTM_SEED repeats it)."
+            "Seed of the kit and of lltm-cuda's tests: $LLTM_SEED (LLTM_SEED=$LLTM_SEED repeats it)."
         )
     fi
     printf '%s\n' "${REPORT_HEAD[@]}"

@@ -95,12 +95,20 @@ def _takes(name: str, device: str, dtype: torch.dtype) -> bool:
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
-    """A failing kit test shows the seed beside its error: the header that also says it may be hidden (-q)."""
+    """A failing lltm test shows the seed beside its error (the header, which also shows it, is hidden by -q)."""
     outcome = yield
     report = outcome.get_result()
     seed = getattr(item.config, "_lltm_seed", None)
     if report.failed and seed is not None and any(n.startswith("lltm_") for n in getattr(item, "fixturenames", ())):
         report.sections.append(("lltm", f"seed {seed}: rerun with --lltm-seed {seed}"))
+
+
+@pytest.fixture
+def lltm_seed(request) -> int:
+    """The run's base seed.  Asking for it (or any lltm_ fixture) seeds torch for the test, as
+    _lltm_fresh_seed does, and a failure then shows it; for backends' own tests
+    (``pytestmark = pytest.mark.usefixtures("lltm_seed")``)."""
+    return request.config._lltm_seed
 
 
 @pytest.fixture

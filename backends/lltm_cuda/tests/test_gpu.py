@@ -25,7 +25,11 @@ from lltm_core.testing import compare_with_reference, make_inputs, max_rel_error
 _REASON = lltm_cuda.unavailable_reason()
 if _REQUIRED and _REASON is not None:
     raise RuntimeError(f"LLTM_REQUIRE_GPU=1, but lltm-cuda cannot run here: {_REASON}")
-pytestmark = pytest.mark.skipif(_REASON is not None, reason=f"lltm-cuda cannot run here: {_REASON}")
+pytestmark = [
+    pytest.mark.skipif(_REASON is not None, reason=f"lltm-cuda cannot run here: {_REASON}"),
+    # Fresh inputs each run from the kit's seed, shown beside a failure: --lltm-seed N repeats it.
+    pytest.mark.usefixtures("lltm_seed"),
+]
 
 DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
 # State sizes that take the 16-byte-vector path for every dtype (multiples of
