@@ -75,6 +75,18 @@ def ensure_venv() -> None:
     STAMP.write_text(digest)
 
 
+def _nox_env(nox_args: list[str]) -> dict[str, str]:
+    """Each session deletes its venv when it ends (see noxfile.py), so the disk holds one at a time.
+
+    Not when the caller asked nox to reuse venvs, and not when LLTM_NOX_DISCARD_VENVS is already set.
+    """
+    reuse = any(a in {"-r", "-R", "--reuse-existing-virtualenvs", "--no-install"} or a.startswith("--reuse-venv")
+                for a in nox_args)
+    env = dict(os.environ)
+    env.setdefault("LLTM_NOX_DISCARD_VENVS", "0" if reuse else "1")
+    return env
+
+
 def main(argv: list[str]) -> int:
     if not argv or argv[0] not in {"bench", "test", "info"}:
         print(__doc__)
@@ -82,7 +94,7 @@ def main(argv: list[str]) -> int:
     command, rest = argv[0], argv[1:]
     if command == "test":
         ensure_nox()
-        return subprocess.run([str(BIN / "nox"), *rest], cwd=ROOT).returncode
+        return subprocess.run([str(BIN / "nox"), *rest], cwd=ROOT, env=_nox_env(rest)).returncode
     ensure_venv()
     return subprocess.run([str(BIN / "lltm"), command, *rest], cwd=ROOT).returncode
 

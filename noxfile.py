@@ -9,12 +9,18 @@ must be compiled against the very torch it will run with, and an isolated
 build environment would fetch whatever torch the index offers instead.
 torch is pinned, because an unpinned `pip install torch` pulls a multi-GB CUDA
 build.
+
+With LLTM_NOX_DISCARD_VENVS=1 (what `python3 dev.py test` sets) each session deletes its venv
+when it ends, pass or fail: the five venvs together take about 9 GB, the largest (cuda) 5.5 GB,
+and a CI machine's disk may not hold them all at once.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -32,6 +38,23 @@ nox.options.default_venv_backend = "venv"
 nox.options.reuse_venv = "no"
 nox.options.error_on_missing_interpreters = True
 nox.options.sessions = ["core", "ref", "cpu", "cuda", "wheels"]
+
+
+def _session(func):
+    """A nox session that, under LLTM_NOX_DISCARD_VENVS=1, deletes its venv when it ends."""
+
+    @functools.wraps(func)
+    def run(session):
+        try:
+            func(session)
+        finally:
+            if os.environ.get("LLTM_NOX_DISCARD_VENVS") == "1":
+                location = getattr(session.virtualenv, "location", None)
+                if location and Path(location).is_dir():
+                    session.log(f"deleting this session's venv {location} (LLTM_NOX_DISCARD_VENVS=1)")
+                    shutil.rmtree(location, ignore_errors=True)
+
+    return nox.session(run)
 
 
 def _setup(session, torch_req=TORCH_CPU, *dists):
@@ -63,21 +86,21 @@ def _pytest(session, *args):
         session.run("python", "-m", "pytest", "-p", "no:cacheprovider", *args, *session.posargs)
 
 
-@nox.session
+@_session
 def core(session):
     """lltm-core (with lltm-ref, its dependency): registry, API, CLI and example tests."""
     _setup(session, TORCH_CPU, ".", "./backends/lltm_ref")
     _pytest(session, str(ROOT / "tests"))
 
 
-@nox.session
+@_session
 def ref(session):
     """lltm-ref: the conformance kit against the reference backend, in every dtype it takes."""
     _setup(session, TORCH_CPU, ".", "./backends/lltm_ref")
     _pytest(session, "--pyargs", "lltm_core.testing", "--lltm-backend", "ref")
 
 
-@nox.session
+@_session
 def cpu(session):
     """lltm-cpu: compile the fused C++ extension, run its tests, the kit and the cross-backend tests."""
     _setup(session, TORCH_CPU, ".", "./backends/lltm_ref", "./backends/lltm_cpu")
@@ -87,7 +110,7 @@ def cpu(session):
     _pytest(session, str(ROOT / "tests"))
 
 
-@nox.session
+@_session
 def cuda(session):
     """lltm-cuda: compile with nvcc against the CUDA build of torch, then the GPU-free tests."""
     env = {"CUDA_HOME": os.environ.get("CUDA_HOME", "/usr/local/cuda"), "MAX_JOBS": os.environ.get("MAX_JOBS", "2")}
@@ -99,7 +122,7 @@ def cuda(session):
     _pytest(session, str(ROOT / "backends/lltm_cuda/tests"))
 
 
-@nox.session
+@_session
 def wheels(session):
     """Build every distribution's wheel into wheelhouse/, install them into this venv, test from the install."""
     session.install(TORCH_CPU, *BUILD_TOOLS, *TEST_TOOLS)
@@ -123,7 +146,7 @@ def wheels(session):
     session.run("python", "-W", "error", "-c", _ASSERT_BACKENDS.format(expect="['cpu', 'ref']"))
 
 
-@nox.session
+@_session
 def device_torch(session):
     """Opt-in, about 5 GB: everything against the GPU machine's torch before spending device time on it.
 
