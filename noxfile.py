@@ -82,8 +82,10 @@ def _source_tree_build_info_untouched(session):
 
 def _pytest(session, *args):
     # Run from a scratch folder so the installed packages are tested, not the source tree.
+    # torch.compile's caches go there too: no run reads another's, and none outlives the session.
     with tempfile.TemporaryDirectory() as tmp, session.chdir(tmp):
-        session.run("python", "-m", "pytest", "-p", "no:cacheprovider", *args, *session.posargs)
+        session.run("python", "-m", "pytest", "-p", "no:cacheprovider", *args, *session.posargs,
+                    env={"TORCHINDUCTOR_CACHE_DIR": str(Path(tmp) / "torchinductor")})
 
 
 @_session
