@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import subprocess
 import sys
 import venv
@@ -75,6 +76,15 @@ def ensure_venv() -> None:
     STAMP.write_text(digest)
 
 
+def _report_free_disk() -> None:
+    """Say up front how much disk there is: a full disk otherwise shows only as pip's ENOSPC, mid-run."""
+    free_gb = shutil.disk_usage(ROOT).free / 2**30
+    need_gb = 6  # the cuda session's venv (torch 2.14.1+cu130) with its build, measured during a CI run
+    print(f"dev.py test: {free_gb:.1f} GB free beside the checkout; the largest session needs about {need_gb} GB", flush=True)
+    if free_gb < need_gb:
+        print("dev.py test: WARNING: likely too little disk; free some, or run sessions alone (nox -s core ...)", flush=True)
+
+
 def _nox_env(nox_args: list[str]) -> dict[str, str]:
     """Each session deletes its venv when it ends (see noxfile.py), so the disk holds one at a time.
 
@@ -94,6 +104,7 @@ def main(argv: list[str]) -> int:
     command, rest = argv[0], argv[1:]
     if command == "test":
         ensure_nox()
+        _report_free_disk()
         return subprocess.run([str(BIN / "nox"), *rest], cwd=ROOT, env=_nox_env(rest)).returncode
     ensure_venv()
     return subprocess.run([str(BIN / "lltm"), command, *rest], cwd=ROOT).returncode
