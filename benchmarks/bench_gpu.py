@@ -60,7 +60,8 @@ def make_weights(size):
 
 
 def max_rel_error(got, want) -> float:
-    return ((got - want).abs().max() / want.abs().max().clamp_min(1)).item()
+    # NaN counts as infinitely wrong (max() and comparisons would otherwise pass it over).
+    return ((got - want).abs().nan_to_num(nan=math.inf).max() / want.abs().max().clamp_min(1)).item()
 
 
 def check_agreement(model, seed, size) -> float:

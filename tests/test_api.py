@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import lltm_core
-from lltm_core.testing import SeedLLTM, compare_with_reference, make_inputs, reference_lltm, tolerance
+from lltm_core.testing import SeedLLTM, compare_with_reference, make_inputs, max_rel_error, reference_lltm, tolerance
 
 B, I, S = 4, 3, 5
 
@@ -95,6 +95,16 @@ def wrong_backend():
         return grad_X, grad_weights, grad_bias * 1.01, grad_old_cell
 
     return dataclasses.replace(lltm_ref.load_backend(), name="wrong_bias", backward=backward)
+
+
+def test_a_nan_is_an_infinite_error():
+    """A NaN must fail `error > tol` checks and win max(): it compares false both ways."""
+    want = torch.randn(4, 5, dtype=torch.float64)
+    got = want.clone()
+    got[2, 3] = float("nan")
+    assert max_rel_error(got, want) == float("inf")
+    assert max_rel_error(want, got) == float("inf")
+    assert max_rel_error(want.clone(), want) == 0.0
 
 
 def test_the_kit_catches_a_wrong_gradient(wrong_backend):

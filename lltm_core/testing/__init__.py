@@ -101,7 +101,10 @@ def max_rel_error(got: torch.Tensor, want: torch.Tensor) -> float:
         return 0.0
     want = want.double()
     scale = max(1.0, want.abs().max().item())
-    return (got.double() - want).abs().max().item() / scale
+    # A NaN in either is an infinite error, so that `error > tol`, `error <= tol` and max() all
+    # see it: a NaN compares false both ways and would slip through the first and the last.
+    diff = (got.double() - want).abs().nan_to_num(nan=math.inf)
+    return diff.max().item() / scale
 
 
 GRAD_NAMES = ("input", "weights", "bias", "old_h", "old_cell")
