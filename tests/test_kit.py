@@ -12,6 +12,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from conftest import FAKE_MODULE, write_distribution
 
@@ -61,3 +62,24 @@ def test_the_kit_says_float64_is_required(fake_site):
 def test_the_kit_passes_the_reference(fake_site):
     run = _kit(fake_site, "ref", "-k", "keep_the_contract or gradients_of_a_sum or declares")
     assert run.returncode == 0, run.stdout + run.stderr
+
+
+def test_an_absent_device_skips_with_its_reason(fake_site):
+    """With no backend named and no GPU, every kit test skips and says why (not "empty parameter set")."""
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible here, so --lltm-device cuda does not skip")
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rs", "--pyargs", "lltm_core.testing",
+         "--lltm-device", "cuda"],
+        capture_output=True, text=True, cwd=fake_site, timeout=600,
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "passed" not in run.stdout and "skipped" in run.stdout, run.stdout
+    assert "--lltm-device cuda: " in run.stdout and "empty parameter set" not in run.stdout, run.stdout
+
+
+def test_a_named_backend_that_does_not_take_the_device_fails(fake_site):
+    """Named with a device it does not declare, a backend fails the run with the reason, not an empty skip."""
+    run = _kit(fake_site, "float32_only", "--lltm-device", "meta", "-k", "declares or matches_reference")
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert "cannot take meta float32 tensors" in run.stdout and "skipped" not in run.stdout, run.stdout

@@ -67,11 +67,18 @@ def pytest_generate_tests(metafunc):
 
     params = []
     for name in names:
-        for dtype in asked_dtypes or default_dtypes:
-            if not asked_dtypes and not _takes(name, device, dtype):
-                continue  # a default dtype the backend does not claim: nothing to check
+        # The default dtypes the backend claims on this device.  One that claims none (say, a
+        # CPU-only backend named with --lltm-device cuda) keeps float32, so that its tests fail
+        # with the reason rather than vanish as an empty parameter set.
+        dtypes = asked_dtypes or [d for d in default_dtypes if _takes(name, device, d)] or [torch.float32]
+        for dtype in dtypes:
             marks = [pytest.mark.skip(reason=skip)] if skip else []
             params.append(pytest.param(name, dtype, id=f"{name}-{str(dtype)[6:]}", marks=marks))
+    if not params:
+        # No backend named, and the device is absent or no backend runs on it: one skipped
+        # placeholder carries the reason, where an empty parametrization says "got empty parameter set".
+        why = skip or f"--lltm-device {device}: no available lltm backend runs there (`lltm info` says why)"
+        params = [pytest.param("(none)", torch.float32, id=f"{device}-none", marks=[pytest.mark.skip(reason=why)])]
     if "lltm_dtype" not in metafunc.fixturenames:
         # dtype-free tests run once per backend
         seen, unique = set(), []

@@ -171,6 +171,11 @@ def test_only_parameters_need_gradients(backend, lltm_device, lltm_dtype):
 
 
 def test_noncontiguous_inputs(backend, lltm_device, lltm_dtype):
+    """Strided inputs through lltm() give the contiguous result, bit for bit.
+
+    The contract has lltm-core hand kernels contiguous tensors, so this checks that promise end to
+    end with this backend, not the kernels' own stride handling (they never see a stride).
+    """
     B, I, S = 5, 7, 11
     contiguous = make_inputs(B, I, S, dtype=lltm_dtype, device=lltm_device, requires_grad=False)
     # Same values, other strides: transposed storage and every-other-column views.
