@@ -15,6 +15,9 @@ import lltm_core
 import lltm_cpu
 from lltm_core.testing import compare_with_reference, make_inputs, tolerance
 
+# Fresh inputs each run, seeded from the kit's --lltm-seed, which a failure prints.
+pytestmark = pytest.mark.usefixtures("lltm_seed")
+
 DTYPES = [torch.float32, torch.float64, torch.bfloat16]
 # Odd state sizes leave a partial vector at every ISA's width; B33 x S1000 is
 # large enough for the pointwise passes to run on several threads.
