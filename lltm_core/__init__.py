@@ -43,14 +43,23 @@ _compiling = torch.compiler.is_compiling
 def get_backend(name: str | None = None, *, device=None, dtype=None) -> Backend:
     """The backend called ``name``, or the one lltm-core would choose.
 
-    ``device`` and ``dtype`` (default: CPU and ``torch.get_default_dtype()``)
-    say which tensors the backend must take.  With a name, the named backend is
-    checked against them and an error says why it cannot take them; it is
-    never swapped for another.
+    ``device`` and ``dtype`` (default: ``torch.get_default_dtype()``) say which
+    tensors the backend must take.  The default device is the CPU, except for a
+    named backend that does not run there: ``get_backend("cuda")`` means
+    lltm-cuda for CUDA tensors, and is checked on the first device it declares.
+    With a name, the named backend is checked against them and an error says
+    why it cannot take them; it is never swapped for another.
     """
-    device_type = torch.device(device).type if device is not None else "cpu"
+    device_type = torch.device(device).type if device is not None else _default_device_type(name)
     dtype = dtype if dtype is not None else torch.get_default_dtype()
     return _registry.select(device_type, dtype, name)
+
+
+def _default_device_type(name: str | None) -> str:
+    rec = _registry._resolve(name) if name is not None else None
+    if rec is not None and rec.available and "cpu" not in rec.backend.devices:
+        return min(rec.backend.devices)
+    return "cpu"  # an unavailable or unknown backend: select() says why
 
 
 def available_backends() -> list[str]:

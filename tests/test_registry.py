@@ -69,6 +69,15 @@ def test_explicit_request_for_unavailable_backend_fails_with_reason(fake_backend
         lltm_core.lltm(*make_inputs(2, 3, 4), backend="nogpu")
 
 
+def test_a_named_backend_is_checked_on_a_device_it_runs_on(fake_backends):
+    """get_backend("cuda") asks for lltm-cuda: it must not fail for not taking CPU tensors."""
+    fake_backends("lltm-fake", {"gpu_only": "gpu_only"})
+    assert lltm_core.get_backend("gpu_only").name == "gpu_only"
+    assert lltm_core.get_backend("ref").name == "ref"  # takes the CPU: checked there
+    with pytest.raises(BackendError, match=r"'gpu_only'.*cannot take cpu float32 tensors"):
+        lltm_core.get_backend("gpu_only", device="cpu")
+
+
 def test_unknown_backend_names_it_and_says_what_to_install(fake_backends):
     # fake_backends: only lltm-ref is visible, even where lltm-cuda is installed
     with pytest.raises(BackendError) as err:
