@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """How fast lltm-cpu could be at the tutorial's size if lltm_core cost nothing.
 
-    python benchmarks/autograd_floor.py [--output benchmarks/results/autograd_floor.md]
+    python benchmarks/autograd_floor.py [--runs 5] [--output benchmarks/results/autograd_floor.md]
 
 Issue 3 asks lltm-cpu for forward <= 0.35x and backward <= 0.50x the eager
 module at B16 I32 S128 (the tutorial's benchmark: only the parameters require
@@ -118,6 +118,28 @@ def floor_lines(times: dict) -> list[str]:
     return lines
 
 
+def runs_table(runs: list) -> list[str]:
+    """One row of ratios to eager per repeated measurement, and their range: how much the machine moved them."""
+    rows = {"lltm cpu (lltm_core.LLTM)": [], "lltm_cpu kernels in a C++ autograd node": [], "floor": []}
+    lines = ["| run | " + " | ".join(f"{name}: fwd / bwd" for name in rows) + " | other CPU-seconds |",
+             "|---|" + "---:|" * (len(rows) + 1)]
+    for n, (times, others) in enumerate(runs, 1):
+        eager = times["eager PyTorch"]
+        cells = []
+        for name, seen in rows.items():
+            if name == "floor":
+                ratio = [(times[NO_KERNELS][i] + times[GEMMS][i]) / eager[i] for i in range(2)]
+            else:
+                ratio = [times[name][i] / eager[i] for i in range(2)]
+            seen.append(ratio)
+            cells.append(f"{ratio[0]:.2f}x / {ratio[1]:.2f}x")
+        lines.append(f"| {n} | " + " | ".join(cells) + f" | {others:.1f} |")
+    spans = [f"{min(r[0] for r in seen):.2f}-{max(r[0] for r in seen):.2f}x / "
+             f"{min(r[1] for r in seen):.2f}-{max(r[1] for r in seen):.2f}x" for seen in rows.values()]
+    lines.append("| range | " + " | ".join(spans) + " | |")
+    return lines
+
+
 class CppAutogradLLTM(torch.nn.Module):
     """The tutorial's module, running lltm_cpu's kernels (or none) through a C++ autograd node."""
 
@@ -134,6 +156,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=100)
     parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--runs", type=int, default=1, help="repeat the measurement; the report shows each run's ratios")
     parser.add_argument("--output", help="write the Markdown report here as well as to stdout")
     args = parser.parse_args()
 
@@ -161,16 +184,17 @@ def main() -> None:
     for got, want in zip(*results):
         torch.testing.assert_close(got, want)
 
-    times, others = measure(
-        {
-            "eager PyTorch": make_step(eager, **SMALL, inputs_require_grad=False),
-            "lltm cpu (lltm_core.LLTM)": make_step(through_core, **SMALL, inputs_require_grad=False),
-            "lltm_cpu kernels in a C++ autograd node": make_step(cpp, **SMALL, inputs_require_grad=False),
-            NO_KERNELS: make_step(CppAutogradLLTM(eager, extension.no_kernels), **SMALL, inputs_require_grad=False),
-            GEMMS: make_gemm_step(**SMALL, needs_grad_X=False),
-        },
-        args.rounds, args.steps, warmup=100,
-    )
+    if args.runs < 1:
+        parser.error("--runs must be at least 1")
+    steps = {
+        "eager PyTorch": make_step(eager, **SMALL, inputs_require_grad=False),
+        "lltm cpu (lltm_core.LLTM)": make_step(through_core, **SMALL, inputs_require_grad=False),
+        "lltm_cpu kernels in a C++ autograd node": make_step(cpp, **SMALL, inputs_require_grad=False),
+        NO_KERNELS: make_step(CppAutogradLLTM(eager, extension.no_kernels), **SMALL, inputs_require_grad=False),
+        GEMMS: make_gemm_step(**SMALL, needs_grad_X=False),
+    }
+    runs = [measure(steps, args.rounds, args.steps, warmup=100) for _ in range(args.runs)]
+    times, others = runs[-1]
     size = f"B{SMALL['batch']} I{SMALL['input_features']} S{SMALL['state_size']}"
     lines = [
         "# lltm-cpu without lltm_core: the floor of the tutorial's benchmark",
@@ -181,6 +205,7 @@ def main() -> None:
         f"{size}, only the parameters require grad; medians of interleaved rounds; "
         f"other processes used {others:.1f} CPU-seconds meanwhile.",
         "",
+        *([f"The last of {args.runs} runs:", ""] if args.runs > 1 else []),
         *small_size_table(times),
         "",
         f"Issue 3's targets: forward <= {TARGETS['forward']}x, backward <= {TARGETS['backward']}x. "
@@ -192,6 +217,9 @@ def main() -> None:
         "",
         *floor_lines(times),
     ]
+    if args.runs > 1:
+        lines += ["", f"Ratios to eager in each of the {args.runs} runs (floor: no kernels + GEMMs alone):", "",
+                  *runs_table(runs)]
     report = "\n".join(lines) + "\n"
     print(report)
     if args.output:
