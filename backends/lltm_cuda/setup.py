@@ -102,7 +102,10 @@ def main() -> None:
             + "".join(f"  - {p}\n" for p in problems)
             + "(Building needs the CUDA toolkit and a CUDA build of torch, not a GPU.)"
         )
-    os.environ.setdefault("TORCH_CUDA_ARCH_LIST", DEFAULT_ARCH_LIST)
+    # An empty TORCH_CUDA_ARCH_LIST counts as unset here, as it does for torch (which would then
+    # build for the visible GPU and leave the record saying '').
+    if not os.environ.get("TORCH_CUDA_ARCH_LIST", "").strip():
+        os.environ["TORCH_CUDA_ARCH_LIST"] = DEFAULT_ARCH_LIST
     info = build_info(torch.__version__, os.environ["TORCH_CUDA_ARCH_LIST"])
 
     class BuildExtensionWithInfo(BuildExtension):

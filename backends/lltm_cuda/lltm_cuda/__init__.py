@@ -33,11 +33,12 @@ def arch_mismatch(arch_list: str, capability: tuple[int, int]) -> str | None:
 
     Machine code for X.Y runs on X.Z with Z >= Y (not on another major);
     PTX (``+PTX``) is compiled by the driver for any newer GPU.  Entries this
-    cannot read (architecture names such as "Hopper") give None: no guess.
+    cannot read (architecture names such as "Hopper"), or none at all, give None: no guess.
     """
-    for entry in arch_list.replace(" ", ";").split(";"):
-        if not entry:
-            continue
+    entries = [entry for entry in arch_list.replace(" ", ";").split(";") if entry]
+    if not entries:
+        return None
+    for entry in entries:
         ptx = entry.endswith("+PTX")
         number = entry.removesuffix("+PTX")
         specific = number.endswith(("a", "f"))  # sm_90a and the like: that GPU only
