@@ -14,7 +14,7 @@ import torch
 
 from . import _autograd, _registry
 from ._checks import check_lltm_args
-from ._registry import BackendError, refresh, use_backend
+from ._registry import BackendError, BackendUnavailableWarning, refresh, use_backend
 from .backend import INTERFACE_VERSION, Backend
 
 try:
@@ -34,6 +34,7 @@ __all__ = [
     "refresh",
     "Backend",
     "BackendError",
+    "BackendUnavailableWarning",
     "INTERFACE_VERSION",
 ]
 
@@ -52,7 +53,7 @@ def get_backend(name: str | None = None, *, device=None, dtype=None) -> Backend:
     """
     device_type = torch.device(device).type if device is not None else _default_device_type(name)
     dtype = dtype if dtype is not None else torch.get_default_dtype()
-    return _registry.select(device_type, dtype, name)
+    return _registry.select(device_type, dtype, name, source="get_backend()")
 
 
 def _default_device_type(name: str | None) -> str:
@@ -149,8 +150,20 @@ class LLTM(torch.nn.Module):
             torch.nn.init.uniform_(p, -bound, bound)
 
     def forward(self, input, state):
+        # A bare tensor would unpack along its rows into a confusing shape error, or none at all.
+        if not isinstance(state, (tuple, list)) or len(state) != 2:
+            raise TypeError(f"LLTM.forward(input, state): state must be a pair (h, c), got {type(state).__name__}")
         old_h, old_cell = state
-        return lltm(input, self.weights, self.bias, old_h, old_cell, backend=self.backend)
+        try:
+            return lltm(input, self.weights, self.bias, old_h, old_cell, backend=self.backend)
+        except ValueError:
+            # lltm() blames the weights for a width mismatch; here the weights are the module's own.
+            if isinstance(input, torch.Tensor) and input.dim() == 2 and input.shape[1] != self.input_features:
+                raise ValueError(
+                    f"{self.extra_repr().join(('LLTM(', ')'))} takes input of shape (batch, {self.input_features}), "
+                    f"got {tuple(input.shape)}"
+                ) from None
+            raise
 
     def extra_repr(self) -> str:
         chosen = f", backend={self.backend!r}" if self.backend is not None else ""

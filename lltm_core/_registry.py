@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import difflib
 import logging
 import os
 import threading
@@ -28,16 +29,21 @@ ENTRY_POINT_GROUP = "lltm.backends"
 ENV_BACKEND = "LLTM_BACKEND"
 ENV_DISABLE = "LLTM_DISABLE_BACKENDS"
 
-# What to tell a user who lacks a backend we know of.
+# What to tell a user who lacks a backend we know of.  None is on PyPI yet, so the hint is the
+# command that works: from an lltm source tree (or by name, from a folder of wheels, --find-links).
 _INSTALL_HINTS = {
-    "ref": "pip install lltm-ref",
-    "cpu": "pip install --no-build-isolation lltm-cpu  (builds against your installed torch)",
-    "cuda": "pip install --no-build-isolation lltm-cuda  (needs nvcc and a CUDA build of torch)",
+    "ref": "pip install --no-build-isolation ./backends/lltm_ref  (from an lltm source tree)",
+    "cpu": "pip install --no-build-isolation ./backends/lltm_cpu  (from an lltm source tree; compiles against your torch)",
+    "cuda": "pip install --no-build-isolation ./backends/lltm_cuda  (from an lltm source tree; needs nvcc and a CUDA build of torch)",
 }
 
 
 class BackendError(RuntimeError):
     """No backend can take this call, or the one asked for cannot."""
+
+
+class BackendUnavailableWarning(UserWarning):
+    """An installed backend that would have been chosen cannot run, so a lesser one runs instead."""
 
 
 @dataclass
@@ -173,6 +179,7 @@ def refresh() -> None:
     with _lock:
         _records = None
         _choice_cache.clear()
+        _warned_unavailable.clear()
         compile_generation += 1
 
 
@@ -271,6 +278,8 @@ def use_backend(name: str):
     """Use backend ``name`` for every call in this block that does not name one itself."""
     if not isinstance(name, str) or not name:
         raise TypeError(f"use_backend() takes a backend name, got {name!r}")
+    if _resolve(name) is None:  # a typo fails here, not at the first call inside the block
+        raise BackendError(_not_found_message(name, "use_backend()"))
     global compile_hint
     token = _context_choice.set(name)
     outer_hint, compile_hint = compile_hint, name
@@ -287,10 +296,14 @@ def _dtype_name(dtype: torch.dtype) -> str:
 
 def _not_found_message(name: str, source: str) -> str:
     have = available_names()
-    hint = _INSTALL_HINTS.get(name, f"install the distribution that provides the {name!r} lltm backend")
+    close = difflib.get_close_matches(name.lower(), list(_records_by_name()) + list(_INSTALL_HINTS), n=1)
+    if close and close[0] != name:
+        advice = f"did you mean {close[0]!r}? Available: {', '.join(have) or 'none'}."
+    else:
+        hint = _INSTALL_HINTS.get(name, f"install the distribution that provides the {name!r} lltm backend")
+        advice = f"available: {', '.join(have) or 'none'}. To get it: {hint}."
     return (
-        f"lltm backend {name!r} (asked for by {source}) is not installed. "
-        f"Available: {', '.join(have) or 'none'}. To get it: {hint}. "
+        f"lltm backend {name!r} (asked for by {source}) is not installed; {advice} "
         f"`lltm info` lists every backend lltm-core can see."
     )
 
@@ -309,7 +322,9 @@ def select(device_type: str, dtype: torch.dtype, name: str | None = None, *, sou
     2. Otherwise, among backends that loaded, declare themselves available,
        are not hidden by ``LLTM_DISABLE_BACKENDS`` and support this device
        type and dtype, the highest ``priority`` wins; ties go to the name that
-       sorts first, so the choice does not depend on install order.
+       sorts first, so the choice does not depend on install order.  An
+       installed backend that would have won but cannot run is named once in
+       a BackendUnavailableWarning (see _warn_if_passed_over).
     3. If none qualifies, the error lists every backend and why it was
        rejected.
 
@@ -330,6 +345,8 @@ def select(device_type: str, dtype: torch.dtype, name: str | None = None, *, sou
 
 def _select_uncached(device_type: str, dtype: torch.dtype, name: str | None, source: str) -> Backend:
     what = f"{device_type} {_dtype_name(dtype)} tensors"
+    if name is not None and not isinstance(name, str):
+        raise TypeError(f"{source} takes a backend name or an lltm_core.Backend, got {type(name).__name__} {name!r}")
     if name is not None:
         rec = _resolve(name)
         if rec is None:
@@ -363,14 +380,16 @@ def _select_uncached(device_type: str, dtype: torch.dtype, name: str | None, sou
         candidates.append(rec.backend)
     if not candidates:
         lines = "\n  ".join(rejected) or "no backends are installed"
+        hidden = sorted(_disabled_names() & set(_records_by_name()))
         if "ref" not in _records_by_name():
-            advice = f"Install one: {_INSTALL_HINTS['ref']} runs anywhere."
-        elif _disabled_names():
-            advice = f"{ENV_DISABLE}={_env_disabled()} hides some of them."
+            advice = f"Install lltm-ref, which runs anywhere: {_INSTALL_HINTS['ref']}."
+        elif hidden:
+            advice = f"{ENV_DISABLE}={_env_disabled()} hides {', '.join(hidden)}."
         else:
             advice = "None of the installed backends takes these tensors (see why above); `lltm info` lists them."
         raise BackendError(f"no lltm backend can take {what}.\n  {lines}\n{advice}")
     chosen = min(candidates, key=lambda b: (-b.priority, b.name))
+    _warn_if_passed_over(chosen, device_type, dtype, what)
     log.debug(
         "%s -> %s (priority %d; candidates %s; rejected %s)",
         what, chosen.name, chosen.priority, [b.name for b in candidates], rejected,
@@ -378,10 +397,38 @@ def _select_uncached(device_type: str, dtype: torch.dtype, name: str | None, sou
     return chosen
 
 
+_warned_unavailable: set[str] = set()
+
+
+def _warn_if_passed_over(chosen: Backend, device_type: str, dtype: torch.dtype, what: str) -> None:
+    """Warn, once per backend, when an installed backend that would have won cannot run.
+
+    Nobody asked for it, so falling back is right; but a broken install (a library built for
+    another torch, say) would otherwise only lose its speed-up, unseen.  Not for a backend that
+    could not take these tensors anyway (lltm-cuda for CPU tensors), nor for one disabled or
+    shadowed on purpose.  A backend that failed to load might have won: it is reported too.
+    """
+    for n in sorted(_records_by_name()):
+        rec = _resolve(n)
+        if rec.status != "unavailable" or n in _warned_unavailable:
+            continue
+        if rec.backend is not None and (
+                rec.backend.supports(device_type, dtype) is not None or rec.backend.priority <= chosen.priority):
+            continue
+        _warned_unavailable.add(n)
+        warnings.warn(
+            f"lltm backend {n!r} ({rec.distribution} {rec.version}) is installed but unavailable: {rec.reason}. "
+            f"{what} use {chosen.name!r} instead. Fix it, or hide it with {ENV_DISABLE}={n}; `lltm info` lists every backend.",
+            BackendUnavailableWarning, stacklevel=5,
+        )
+
+
 def explain(device_type: str, dtype: torch.dtype) -> tuple[str | None, str]:
     """(chosen backend name or None, why) for ``lltm info``."""
     try:
-        b = select(device_type, dtype)
+        with warnings.catch_warnings():  # lltm info lists the unavailable backends with their reasons
+            warnings.simplefilter("ignore", BackendUnavailableWarning)
+            b = select(device_type, dtype)
     except BackendError as exc:
         return None, str(exc)
     return b.name, why_chosen(b)

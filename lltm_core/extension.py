@@ -35,7 +35,7 @@ def torch_mismatch(built_for: str, distribution: str) -> str | None:
     if built_for == running:
         return None
     return (
-        f"built for torch {built_for}, running {running}: rebuild {distribution} "
-        f"(pip install --no-build-isolation --no-deps --force-reinstall {distribution}, "
-        f"or from a source tree: pip install --no-build-isolation ./backends/{distribution.replace('-', '_')})"
+        f"built for torch {built_for}, running {running}: rebuild {distribution} against this torch "
+        f"(from an lltm source tree: pip install --no-build-isolation --no-deps --force-reinstall "
+        f"./backends/{distribution.replace('-', '_')}), or run the torch it was built for"
     )

@@ -35,6 +35,7 @@ FAKE_MODULE = textwrap.dedent(
     def fast():         return _ref(name="fast", priority=50, devices=frozenset({"cpu"}), dtypes=frozenset({torch.float32}))
     def alpha():        return _ref(name="alpha", priority=50, devices=frozenset({"cpu"}), dtypes=frozenset({torch.float32}))
     def gpu_only():     return _ref(name="gpu_only", devices=frozenset({"cuda"}))
+    def cuda_nogpu():   return _ref(name="cuda_nogpu", priority=500, devices=frozenset({"cuda"}), availability=lambda: "no CUDA device visible")
     def broken():       raise ImportError("libfoo.so: cannot open shared object file")
     def future():       return _ref(name="future", interface_versions=(99,))
     def nogpu():        return _ref(name="nogpu", priority=500, availability=lambda: "no CUDA device visible")

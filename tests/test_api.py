@@ -199,3 +199,16 @@ def test_a_compiled_backends_stand_in_kernel_says_why_it_cannot_run():
     with pytest.raises(RuntimeError, match=r"'cpu' is unavailable: built for torch 0.0.1\+cpu"):
         unavailable_kernel("cpu", reason)(*make_inputs(2, 3, 4))
     assert torch_mismatch(torch.__version__, "lltm-cpu") is None
+
+
+def test_the_module_names_the_callers_mistake():
+    cell = lltm_core.LLTM(6, 5)
+    h, c = torch.randn(3, 5), torch.randn(3, 5)
+    with pytest.raises(ValueError, match=r"LLTM\(input_features=6, state_size=5\) takes input of shape \(batch, 6\), got \(3, 7\)"):
+        cell(torch.randn(3, 7), (h, c))
+    with pytest.raises(TypeError, match=r"state must be a pair \(h, c\), got Tensor"):
+        cell(torch.randn(3, 6), h)
+    with pytest.raises(ValueError, match="old_h"):  # a wrong state shape is still named as lltm() names it
+        cell(torch.randn(3, 6), (torch.randn(3, 4), c))
+    new_h, new_cell = cell(torch.randn(3, 6), [h, c])  # a list is a pair too
+    assert new_h.shape == new_cell.shape == (3, 5)

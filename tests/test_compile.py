@@ -43,10 +43,14 @@ def test_use_backend_retraces_for_the_backend_it_names(fast_and_ref, compiled_ll
     assert graphs == [["lltm.fast_forward"], ["lltm.ref_forward"]]
 
 
-def test_use_backend_naming_nothing_installed_fails_under_compile_too(fast_and_ref, compiled_lltm):
+def test_a_request_naming_nothing_installed_fails_under_compile_too(fast_and_ref, compiled_lltm, monkeypatch):
     compiled_lltm, graphs = compiled_lltm
-    with lltm_core.use_backend("nosuch"), pytest.raises(Exception, match="lltm backend 'nosuch'"):
+    monkeypatch.setenv("LLTM_BACKEND", "nosuch")
+    with pytest.raises(Exception, match="lltm backend 'nosuch'"):
         compiled_lltm(*make_inputs(3, 4, 5))
+    with pytest.raises(BackendError, match="lltm backend 'nosuch'"):  # use_backend() says so on entry
+        with lltm_core.use_backend("nosuch"):
+            pass
 
 
 def test_a_graph_whose_choice_went_stale_refuses_to_run(fast_and_ref, compiled_lltm, monkeypatch):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import warnings
 import subprocess
 import sys
 
@@ -57,10 +58,13 @@ def test_broken_backends_are_reported_not_raised(fake_backends):
     assert "calls itself 'something_else'" in report["misnamed"]["reason"]
     assert "not lltm_core.Backend" in report["not_backend"]["reason"]
     assert report["broken"]["distribution"] == "lltm-fake" and report["broken"]["version"] == "0.1"
-    # ...and none of them stops the reference from working.
+    # ...and none of them stops the reference from working, though each that might have won is named.
     assert lltm_core.available_backends() == ["ref"]
-    new_h, _ = lltm_core.lltm(*make_inputs(2, 3, 4))
+    with pytest.warns(lltm_core.BackendUnavailableWarning) as warned:
+        new_h, _ = lltm_core.lltm(*make_inputs(2, 3, 4))
     assert new_h.shape == (2, 4)
+    named = {str(w.message).split("'")[1] for w in warned}
+    assert named == set(report) - {"ref"}, named
 
 
 def test_explicit_request_for_unavailable_backend_fails_with_reason(fake_backends):
@@ -84,8 +88,8 @@ def test_unknown_backend_names_it_and_says_what_to_install(fake_backends):
         lltm_core.get_backend("cuda")
     message = str(err.value)
     assert "'cuda'" in message and "not installed" in message
-    assert "Available: " in message and "ref" in message
-    assert "pip install" in message and "lltm-cuda" in message
+    assert "available: ref" in message
+    assert "pip install" in message and "./backends/lltm_cuda" in message
 
 
 def test_explicit_request_never_falls_back(fake_backends):
@@ -151,7 +155,7 @@ def test_no_backend_can_take_it_lists_every_rejection(fake_backends, monkeypatch
     assert "fast: takes float32, not float64" in message
     assert "ref: disabled (hidden by LLTM_DISABLE_BACKENDS)" in message
     # lltm-ref is installed: the advice is about the variable, not about installing it.
-    assert "LLTM_DISABLE_BACKENDS=ref hides some of them" in message and "pip install" not in message
+    assert "LLTM_DISABLE_BACKENDS=ref hides ref." in message and "pip install" not in message
 
 
 def test_no_backend_for_the_device_says_so_without_install_advice(fake_backends):
@@ -167,3 +171,39 @@ def test_decisions_are_logged(fake_backends, caplog):
     with caplog.at_level(logging.DEBUG, logger="lltm_core"):
         lltm_core.get_backend(device="cpu", dtype=torch.float32)
     assert any("cpu float32 tensors -> fast (priority 50" in r.getMessage() for r in caplog.records)
+
+
+def test_a_passed_over_broken_backend_warns_once(fake_backends, monkeypatch):
+    """nogpu (priority 500, takes CPU float32) cannot run: ref runs, and the user is told, once."""
+    fake_backends("lltm-fake", {"nogpu": "nogpu"})
+    with pytest.warns(lltm_core.BackendUnavailableWarning, match=r"'nogpu' \(lltm-fake .*unavailable: no CUDA device visible.*use 'ref'"):
+        assert lltm_core.get_backend().name == "ref"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        lltm_core.get_backend(dtype=torch.float64)  # once per backend, not per device/dtype
+        lltm_core.refresh()
+        monkeypatch.setenv("LLTM_DISABLE_BACKENDS", "nogpu")  # hidden on purpose: nothing to say
+        assert lltm_core.get_backend().name == "ref"
+
+
+def test_a_backend_that_could_not_win_does_not_warn(fake_backends):
+    """Like lltm-cuda on a machine with no GPU: it takes no CPU tensors, so CPU calls lose nothing."""
+    fake_backends("lltm-fake", {"cuda_nogpu": "cuda_nogpu"})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert lltm_core.get_backend().name == "ref"
+        fake_backends("lltm-fake-2", {"nogpu": "nogpu"})
+        assert lltm_core.get_backend("ref").name == "ref"  # named: nothing was passed over
+
+
+def test_a_mistyped_name_gets_a_suggestion_and_a_wrong_type_a_type_error(fake_backends):
+    with pytest.raises(BackendError, match=r"'REF' \(asked for by get_backend\(\)\) is not installed; did you mean 'ref'\?"):
+        lltm_core.get_backend("REF")
+    with pytest.raises(TypeError, match="backend= takes a backend name or an lltm_core.Backend, got int 3"):
+        lltm_core.lltm(*make_inputs(2, 3, 4), backend=3)
+
+
+def test_use_backend_checks_the_name_on_entry(fake_backends):
+    with pytest.raises(BackendError, match=r"'nosuch' \(asked for by use_backend\(\)\) is not installed"):
+        with lltm_core.use_backend("nosuch"):
+            pass
