@@ -356,7 +356,8 @@ def plot(results: list[Result], path: str) -> None:
 
 
 def run(args) -> int:
-    sizes = [_parse_size(s) for s in args.size] + [s for p in args.preset for s in PRESETS[p]]
+    # A size given twice (or by --size and a preset) is measured once, like a repeated --backend.
+    sizes = list(dict.fromkeys([_parse_size(s) for s in args.size] + [s for p in args.preset for s in PRESETS[p]]))
     sizes = sizes or PRESETS["seed"]
     devices = [_check_device(d) for d in args.device] or _usable_devices()
     if args.seconds is not None and not (math.isfinite(args.seconds) and args.seconds > 0):

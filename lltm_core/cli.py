@@ -45,7 +45,18 @@ def info_data() -> dict:
         "backends": _registry.report(),
         "selection": selection,
         "environment": {v: os.environ.get(v) for v in (_registry.ENV_BACKEND, _registry.ENV_DISABLE)},
+        "environment_notes": _environment_notes(),
     }
+
+
+def _environment_notes() -> list[str]:
+    """Names in LLTM_DISABLE_BACKENDS that hide nothing: a typo there is otherwise silent."""
+    known = sorted({b["name"] for b in _registry.report()})
+    unknown = sorted(_registry._disabled_names() - set(known))
+    if not unknown:
+        return []
+    return [f"{_registry.ENV_DISABLE} names {', '.join(map(repr, unknown))}, which no installed backend is called "
+            f"(installed: {', '.join(known) or 'none'}); it hides nothing there"]
 
 
 def _table(rows: list[list[str]], header: list[str]) -> str:
@@ -66,7 +77,7 @@ def print_info(data: dict) -> None:
         print(f"  {d['device']:<5} {state}")
     print(f"\nBackends (entry-point group {_registry.ENTRY_POINT_GROUP!r}):")
     if not data["backends"]:
-        print("  none installed: pip install lltm-ref")
+        print(f"  none installed: {_registry._INSTALL_HINTS['ref']}")
     else:
         rows = [
             [b["name"], b["distribution"], b["version"], b["status"],
@@ -80,10 +91,13 @@ def print_info(data: dict) -> None:
     print(_table(rows, ["device", "dtype", "backend", "why"]))
     env = data["environment"]
     print("\nEnvironment: " + ", ".join(f"{k}={v if v is not None else '(unset)'}" for k, v in env.items()))
+    for note in data["environment_notes"]:
+        print(f"  note: {note}")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="lltm", description="The LLTM cell with pluggable backends.")
+    parser.add_argument("--version", action="version", version=f"lltm-core {__version__} (torch {torch.__version__})")
     sub = parser.add_subparsers(dest="command", required=True)
     info = sub.add_parser("info", help="what is installed, what is usable, and which backend each device/dtype gets")
     info.add_argument("--json", action="store_true", help="machine-readable output")
@@ -91,6 +105,16 @@ def main(argv: list[str] | None = None) -> int:
 
     bench.add_arguments(sub.add_parser("bench", help=bench.__doc__.splitlines()[0]))
     args = parser.parse_args(argv)
+    try:
+        return _run(args)
+    except BrokenPipeError:  # `lltm info | head`: the reader left; say nothing more, as other tools do
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+
+
+def _run(args) -> int:
+    from . import bench
+
     if args.command == "info":
         data = info_data()
         if args.json:

@@ -211,3 +211,20 @@ def test_why_cuda_is_unavailable(monkeypatch, cuda, hip, visible, expected):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: visible)
     reason = cuda_unavailable_reason()
     assert reason == expected if expected is None else expected in reason
+
+
+def test_info_notes_names_in_disable_backends_that_hide_nothing(fake_backends, monkeypatch, capsys):
+    monkeypatch.setenv("LLTM_DISABLE_BACKENDS", "REF,nosuch")
+    assert main(["info"]) == 0
+    out = capsys.readouterr().out
+    assert "note: LLTM_DISABLE_BACKENDS names 'REF', 'nosuch', which no installed backend is called (installed: ref)" in out
+    monkeypatch.setenv("LLTM_DISABLE_BACKENDS", "ref")
+    assert main(["info"]) == 0
+    assert "note:" not in capsys.readouterr().out
+
+
+def test_version(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["--version"])
+    assert exit_.value.code == 0
+    assert capsys.readouterr().out.strip() == f"lltm-core {lltm_core.__version__} (torch {torch.__version__})"
