@@ -100,7 +100,7 @@ def _nox_env(nox_args: list[str]) -> dict[str, str]:
 def main(argv: list[str]) -> int:
     if not argv or argv[0] not in {"bench", "test", "info"}:
         print(__doc__)
-        return 2
+        return 0 if argv[:1] in (["-h"], ["--help"]) else 2
     command, rest = argv[0], argv[1:]
     if command == "test":
         ensure_nox()

@@ -10,7 +10,7 @@ setup(
     version=version,
     description="Reference (pure PyTorch) backend for lltm-core",
     packages=["lltm_ref"],
-    python_requires=">=3.9",
+    python_requires=">=3.10",
     # No dependency on lltm-core: lltm-core depends on lltm-ref (it is the
     # fallback every install gets), and the reverse edge would be a cycle.
     install_requires=["torch>=2.4"],
