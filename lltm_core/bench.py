@@ -322,15 +322,17 @@ def _fmt_x(d: dict) -> str:
 def format_table(results: list[Result]) -> str:
     from .cli import _table
 
+    # A FAILED or SKIPPED row says why in a column of its own, added only when there is one.
+    notes = any(r.status != "ok" for r in results)
     rows = []
     for r in results:
         if r.status != "ok":
-            rows.append([r.candidate, r.device, r.dtype, r.size, r.status.upper(), "", "", r.detail])
+            rows.append([r.candidate, r.device, r.dtype, r.size, r.status.upper(), "-", "-", "-", r.detail])
             continue
         rows.append([r.candidate, r.device, r.dtype, r.size, _fmt_us(r.forward_us), _fmt_us(r.backward_us),
-                     _fmt_x(r.speedup_vs_eager), _fmt_x(r.speedup_vs_compile)])
+                     _fmt_x(r.speedup_vs_eager), _fmt_x(r.speedup_vs_compile)] + ([""] if notes else []))
     header = ["candidate", "device", "dtype", "size", "forward us: median (mean)", "backward us: median (mean)",
-              "speed-up vs eager fwd / bwd", "vs torch.compile fwd / bwd"]
+              "speed-up vs eager fwd / bwd", "vs torch.compile fwd / bwd"] + (["why not timed"] if notes else [])
     return _table(rows, header)
 
 
