@@ -160,7 +160,7 @@ class LLTM(torch.nn.Module):
             # lltm() blames the weights for a width mismatch; here the weights are the module's own.
             if isinstance(input, torch.Tensor) and input.dim() == 2 and input.shape[1] != self.input_features:
                 raise ValueError(
-                    f"{self.extra_repr().join(('LLTM(', ')'))} takes input of shape (batch, {self.input_features}), "
+                    f"LLTM({self.extra_repr()}) takes input of shape (batch, {self.input_features}), "
                     f"got {tuple(input.shape)}"
                 ) from None
             raise

@@ -368,10 +368,13 @@ def _select_uncached(device_type: str, dtype: torch.dtype, name: str | None, sou
 
     rejected: list[str] = []
     candidates: list[Backend] = []
+    unavailable: list[BackendRecord] = []  # installed but cannot run: a loss if one would have won
     for n in sorted(_records_by_name()):
         rec = _resolve(n)
         if not rec.available:
             rejected.append(f"{n}: {rec.status} ({rec.reason})")
+            if rec.status == "unavailable":
+                unavailable.append(rec)
             continue
         why_not = rec.backend.supports(device_type, dtype)
         if why_not is not None:
@@ -389,7 +392,7 @@ def _select_uncached(device_type: str, dtype: torch.dtype, name: str | None, sou
             advice = "None of the installed backends takes these tensors (see why above); `lltm info` lists them."
         raise BackendError(f"no lltm backend can take {what}.\n  {lines}\n{advice}")
     chosen = min(candidates, key=lambda b: (-b.priority, b.name))
-    _warn_if_passed_over(chosen, device_type, dtype, what)
+    _warn_if_passed_over(unavailable, chosen, device_type, dtype, what)
     log.debug(
         "%s -> %s (priority %d; candidates %s; rejected %s)",
         what, chosen.name, chosen.priority, [b.name for b in candidates], rejected,
@@ -400,17 +403,18 @@ def _select_uncached(device_type: str, dtype: torch.dtype, name: str | None, sou
 _warned_unavailable: set[str] = set()
 
 
-def _warn_if_passed_over(chosen: Backend, device_type: str, dtype: torch.dtype, what: str) -> None:
-    """Warn, once per backend, when an installed backend that would have won cannot run.
+def _warn_if_passed_over(unavailable: list[BackendRecord], chosen: Backend, device_type: str, dtype: torch.dtype,
+                         what: str) -> None:
+    """Warn, once per backend, when an installed backend (of ``unavailable``) that would have won cannot run.
 
     Nobody asked for it, so falling back is right; but a broken install (a library built for
     another torch, say) would otherwise only lose its speed-up, unseen.  Not for a backend that
     could not take these tensors anyway (lltm-cuda for CPU tensors), nor for one disabled or
     shadowed on purpose.  A backend that failed to load might have won: it is reported too.
     """
-    for n in sorted(_records_by_name()):
-        rec = _resolve(n)
-        if rec.status != "unavailable" or n in _warned_unavailable:
+    for rec in unavailable:
+        n = rec.name
+        if n in _warned_unavailable:
             continue
         if rec.backend is not None and (
                 rec.backend.supports(device_type, dtype) is not None or rec.backend.priority <= chosen.priority):

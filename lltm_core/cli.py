@@ -30,6 +30,7 @@ def info_data() -> dict:
         for dtype in _DTYPES:
             chosen, why = _registry.explain(device, dtype)
             selection.append({"device": device, "dtype": str(dtype)[6:], "backend": chosen, "why": why})
+    backends = _registry.report()
     return {
         "lltm_core": __version__,
         "interface_version": INTERFACE_VERSION,
@@ -42,16 +43,16 @@ def info_data() -> dict:
              "name": torch.cuda.get_device_name(0) if d == "cuda" and why is None else ""}
             for d, why in devices
         ],
-        "backends": _registry.report(),
+        "backends": backends,
         "selection": selection,
         "environment": {v: os.environ.get(v) for v in (_registry.ENV_BACKEND, _registry.ENV_DISABLE)},
-        "environment_notes": _environment_notes(),
+        "environment_notes": _environment_notes(backends),
     }
 
 
-def _environment_notes() -> list[str]:
+def _environment_notes(backends: list[dict]) -> list[str]:
     """Names in LLTM_DISABLE_BACKENDS that hide nothing: a typo there is otherwise silent."""
-    known = sorted({b["name"] for b in _registry.report()})
+    known = sorted({b["name"] for b in backends})
     unknown = sorted(_registry._disabled_names() - set(known))
     if not unknown:
         return []
