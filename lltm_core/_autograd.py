@@ -59,6 +59,18 @@ _DOUBLE_BACKWARD = (
 )
 
 
+def fail_if_differentiated(grads):
+    """``grads``, given a grad_fn that raises lltm's error if they are differentiated again.
+
+    For a backward run with create_graph=True (the only time autograd runs one
+    with grad mode on): the gradients themselves are fine; differentiating them
+    again is what cannot work.
+    """
+    fail = torch._C._functions.DelayedError(_DOUBLE_BACKWARD.encode(), len(grads))
+    with torch.enable_grad():
+        return fail(*(g if g is None else g.detach().requires_grad_() for g in grads))
+
+
 class _LLTMFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, backend: Backend, input, weights, bias, old_h, old_cell):
@@ -79,9 +91,7 @@ class _LLTMFunction(torch.autograd.Function):
         # which function refused.
         with torch.no_grad():
             grads = _backward(ctx, grad_new_h, grad_new_cell)
-        fail_if_differentiated = torch._C._functions.DelayedError(_DOUBLE_BACKWARD.encode(), len(grads))
-        with torch.enable_grad():
-            return fail_if_differentiated(*(g if g is None else g.detach().requires_grad_() for g in grads))
+        return fail_if_differentiated(grads)
 
     @staticmethod
     def jvp(ctx, *tangents):
@@ -117,11 +127,26 @@ _FUNCTORCH = (
 )
 
 
+def needs_autograd(*tensors) -> bool:
+    """Whether a call on ``tensors`` must go through its autograd.Function (else: the kernels alone).
+
+    Raises lltm's own error under a torch.func transform that would differentiate it.
+    """
+    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors) \
+            or _forward_ad._current_level >= 0:  # inside forward_ad.dual_level(): the Function's jvp says no
+        if _functorch_active():
+            raise RuntimeError(_FUNCTORCH)
+        return True
+    return False
+
+
 def apply_eager(backend: Backend, input, weights, bias, old_h, old_cell):
     if torch.is_grad_enabled() and (
         input.requires_grad or weights.requires_grad or bias.requires_grad
         or old_h.requires_grad or old_cell.requires_grad
     ) or _forward_ad._current_level >= 0:  # inside forward_ad.dual_level(): the Function's jvp says no
+        # Written out, not needs_autograd(): this is the per-step hot path, where a
+        # generator over five tensors costs a measurable share of the call.
         if _functorch_active():
             raise RuntimeError(_FUNCTORCH)
         return _apply_without_functorch(backend, input, weights, bias, old_h, old_cell)
@@ -130,32 +155,34 @@ def apply_eager(backend: Backend, input, weights, bias, old_h, old_cell):
     return out[0], out[1]
 
 
-# --- custom operators, one pair per backend, made on first use -------------
+# --- custom operators, one pair per backend and kernel family, made on first use ---
 
-_ops: dict[str, list] = {}  # name -> [the kernels they run now, forward_op, backward_op]
+_ops: dict[tuple[str, str], list] = {}  # (family, name) -> [the kernels they run now, forward_op, backward_op]
 _ops_lock = threading.Lock()
 
 
-def ops_for(backend: Backend):
-    """(forward_op, backward_op) for ``backend``, registering them once per process.
+def registered_ops(family: str, backend: Backend, kernels: tuple, register):
+    """(forward_op, backward_op) of ``family`` ("cell" or "sequence") for ``backend``, registered once.
 
     torch.library cannot replace an operator, so the operators call the kernels
-    stored here.  Those follow the registry: after refresh() an entry point's
-    factory may return new kernel objects for the same backend, and they take
-    over.  Any other backend with the same name but other kernels (one built by
-    hand and passed as backend=) is refused rather than given the first one's.
+    stored here (``register(name, current_kernels)`` builds them, and
+    ``current_kernels()`` returns what is stored).  Those follow the registry:
+    after refresh() an entry point's factory may return new kernel objects for
+    the same backend, and they take over.  Any other backend with the same name
+    but other kernels (one built by hand and passed as backend=) is refused
+    rather than given the first one's.
     """
-    kernels = (backend.forward, backend.backward, backend.saved_layout)
-    entry = _ops.get(backend.name)
+    key = (family, backend.name)
+    entry = _ops.get(key)
     if entry is None:
         with _ops_lock:
-            entry = _ops.get(backend.name)
+            entry = _ops.get(key)
             if entry is None:
-                entry = _ops[backend.name] = [kernels, *_register(backend.name)]
+                entry = _ops[key] = [kernels, *register(backend.name, lambda: _ops[key][0])]
     if entry[0] != kernels:
         if not _registry.is_loaded_from_entry_point(backend):
             raise BackendError(
-                f"lltm: the custom operators lltm::{backend.name}_forward/_backward of this process already run "
+                f"lltm: the custom operators lltm::{backend.name}_* of this process already run "
                 f"another backend named {backend.name!r}, and torch.library cannot replace them: "
                 f"give this backend a name of its own"
             )
@@ -163,7 +190,12 @@ def ops_for(backend: Backend):
     return entry[1], entry[2]
 
 
-def _check_traced_choice(traced: str, input: torch.Tensor) -> None:
+def ops_for(backend: Backend):
+    """(forward_op, backward_op) of the step: ``lltm::<name>_forward`` and ``lltm::<name>_backward``."""
+    return registered_ops("cell", backend, (backend.forward, backend.backward, backend.saved_layout), _register)
+
+
+def check_traced_choice(traced: str, input: torch.Tensor) -> None:
     """Raise unless lltm would still choose ``traced`` for this call (see _registry.compile_hint)."""
     now = _registry.select(input.device.type, input.dtype)  # raises itself if nothing can take it
     if now.name != traced:
@@ -175,13 +207,11 @@ def _check_traced_choice(traced: str, input: torch.Tensor) -> None:
         )
 
 
-def _register(name: str):
-    def kernels():  # (forward, backward, saved_layout) of backend `name` now: see ops_for
-        return _ops[name][0]
-
+def _register(name: str, kernels):
+    # kernels() -> (forward, backward, saved_layout) of backend `name` now: see registered_ops
     def forward_impl(input, weights, bias, old_h, old_cell, named=None):
         if named is None:
-            _check_traced_choice(name, input)
+            check_traced_choice(name, input)
         return list(kernels()[0](input, weights, bias, old_h, old_cell))
 
     def backward_impl(grad_new_h, grad_new_cell, weights, saved, needs_grad_X):

@@ -21,7 +21,7 @@ from importlib import metadata
 
 import torch
 
-from .backend import INTERFACE_VERSION, Backend
+from .backend import SUPPORTED_INTERFACE_VERSIONS, Backend
 
 log = logging.getLogger("lltm_core")
 
@@ -76,6 +76,8 @@ class BackendRecord:
             "devices": sorted(b.devices) if b else None,
             "dtypes": sorted(str(d).removeprefix("torch.") for d in b.dtypes) if b else None,
             "description": b.description if b else "",
+            # Whether LLTMLayer runs this backend's own sequence kernels, or loops its step kernels.
+            "sequence_kernels": b.has_sequence_kernels if b else None,
         }
 
 
@@ -201,11 +203,11 @@ def _load(rec: BackendRecord) -> None:
     elif backend.name != rec.name:
         rec.status = "unavailable"
         rec.reason = f"entry point is named {rec.name!r} but the backend calls itself {backend.name!r}"
-    elif INTERFACE_VERSION not in backend.interface_versions:
+    elif not set(backend.interface_versions) & set(SUPPORTED_INTERFACE_VERSIONS):
         rec.status = "unavailable"
         rec.reason = (
             f"implements lltm interface {list(backend.interface_versions)}, but this lltm-core "
-            f"speaks {INTERFACE_VERSION}: install matching versions of lltm-core and {rec.distribution}"
+            f"speaks {list(SUPPORTED_INTERFACE_VERSIONS)}: install matching versions of lltm-core and {rec.distribution}"
         )
     else:
         try:
@@ -341,6 +343,16 @@ def select(device_type: str, dtype: torch.dtype, name: str | None = None, *, sou
         chosen = _select_uncached(device_type, dtype, name, source)
         _choice_cache[key] = chosen
     return chosen
+
+
+def choose(device_type: str, dtype: torch.dtype, backend) -> Backend:
+    """What a call's ``backend=`` argument (a name, a :class:`Backend`, or None) runs on these tensors."""
+    if isinstance(backend, Backend):
+        why_not = backend.supports(device_type, dtype)
+        if why_not is not None:
+            raise BackendError(f"lltm backend {backend.name!r} (passed as backend=) cannot take these tensors: it {why_not}")
+        return backend
+    return select(device_type, dtype, backend)
 
 
 def _select_uncached(device_type: str, dtype: torch.dtype, name: str | None, source: str) -> Backend:

@@ -54,6 +54,46 @@ Saved tensors have the inputs' dtype and device.  ``saved_layout(B, I, S)``
 returns their names and shapes, in the order ``forward`` returns them; it is
 used to build the fake (meta) kernel for ``torch.compile`` and must therefore
 only do arithmetic on its arguments (they may be symbolic integers).
+
+Sequence kernels (interface version 2, optional)
+------------------------------------------------
+A backend may also run a whole sequence, one layer in one direction, with the
+time loop inside its kernels.  One that does not still runs in
+``lltm_core.LLTMLayer``: lltm-core then loops its step kernels, which is
+correct and slower.  The three fields come together or not at all, and a
+backend that has them lists 2 (or later) in ``interface_versions``.  With ``T`` time
+steps:
+
+* ``sequence_forward(input, weights, bias, h0, c0, lengths, reverse)``
+  receives input (T, B, I), weights (3S, S+I), bias (3S,), h0 and c0 (B, S),
+  ``lengths`` (an int64 tensor (B,) on the inputs' device, each in [1, T]) or
+  None, and ``reverse`` (a bool).  It returns
+  ``(output, h_n, c_n, *saved)``: output (T, B, S), the final states (B, S),
+  then what its backward needs, as ``sequence_saved_layout`` declares.
+  Steps run t = 0 .. T-1, or T-1 .. 0 when ``reverse``; each is the cell's
+  step with ``old_h``/``old_cell`` the state the previous step left.  With
+  ``lengths``, row b takes part in steps t < lengths[b] only: at the others it
+  keeps its state and its output is zero, so h_n and c_n are the state after
+  its own last valid step (and, reversed, it starts at step lengths[b] - 1).
+* ``sequence_backward(grad_output, grad_h_n, grad_c_n, weights, input, h0,
+  output, lengths, *saved, reverse, needs_grad_input)`` receives the output
+  gradients (zeros, never None, for an unused output; any strides), then the
+  forward's own arguments and output that lltm-core holds anyway (so that a
+  backend need not keep copies of them, which would cost memory and break
+  the no-alias rule below), its saved tensors, and whether ``input`` needs a
+  gradient.  It returns ``(grad_input, grad_weights, grad_bias, grad_h0,
+  grad_c0)``; ``grad_input`` is ``weights.new_empty(0)`` when
+  ``needs_grad_input`` is false.
+* ``sequence_saved_layout(T, B, I, S)`` returns ``{name: shape}`` of
+  ``saved``, as ``saved_layout`` does for a step.
+
+lltm-core has checked the arguments (``lltm_core._checks``), made every
+tensor contiguous and handles T = 0 itself; B = 0 reaches the kernels.  The
+same rules hold as for the step: new memory for every returned tensor,
+nothing written to an argument, saved tensors in the inputs' dtype.  What
+``lltm_core.LLTMLayer`` promises about memory, a fused backend should keep
+too: at most (6S + I)·T·B saved elements, counting the input and output that
+lltm-core holds, and nothing kept at all under ``torch.no_grad()``.
 """
 
 from __future__ import annotations
@@ -65,12 +105,19 @@ import torch
 
 #: The version of this contract.  It changes only when the kernel signatures or
 #: their guarantees change; a backend lists the versions it implements in
-#: :attr:`Backend.interface_versions`.
-INTERFACE_VERSION = 1
+#: :attr:`Backend.interface_versions`.  Version 2 added the optional sequence
+#: kernels; the step kernels are those of version 1.
+INTERFACE_VERSION = 2
+#: The versions this lltm-core accepts: a backend must list at least one.  A
+#: version-1 backend (step kernels only) runs sequences through its step kernels.
+SUPPORTED_INTERFACE_VERSIONS = (1, 2)
+#: The first version with sequence kernels.
+SEQUENCE_INTERFACE_VERSION = 2
 
 Shape = Sequence[int]
 ForwardKernel = Callable[..., Sequence[torch.Tensor]]
 BackwardKernel = Callable[..., Sequence[torch.Tensor]]
+SEQUENCE_FIELDS = ("sequence_forward", "sequence_backward", "sequence_saved_layout")
 
 
 def always_available() -> str | None:
@@ -101,8 +148,8 @@ class Backend:
     #: Higher wins when several available backends can take a call.  The
     #: reference uses 0; fused backends use 100 or more.
     priority: int = 0
-    #: Contract versions this backend implements; must include
-    #: :data:`INTERFACE_VERSION` of the running lltm-core.
+    #: Contract versions this backend implements; lltm-core accepts it when one
+    #: of them is in :data:`SUPPORTED_INTERFACE_VERSIONS`.
     interface_versions: tuple[int, ...] = (INTERFACE_VERSION,)
     #: Returns ``None`` when the backend can run here, otherwise a short reason
     #: that tells the user what to do ("no CUDA device visible", "built for
@@ -111,6 +158,14 @@ class Backend:
     availability: Callable[[], str | None] = field(default=always_available)
     #: One line for ``lltm info``.
     description: str = ""
+    #: ``sequence_forward(input, weights, bias, h0, c0, lengths, reverse)
+    #: -> (output, h_n, c_n, *saved)``; None: lltm-core loops the step kernels.
+    sequence_forward: ForwardKernel | None = None
+    #: ``sequence_backward(grad_output, grad_h_n, grad_c_n, weights, input, h0, output, lengths,
+    #: *saved, reverse, needs_grad_input) -> (grad_input, grad_weights, grad_bias, grad_h0, grad_c0)``
+    sequence_backward: BackwardKernel | None = None
+    #: ``sequence_saved_layout(T, B, I, S) -> {name: shape}`` of the tensors sequence_forward saves.
+    sequence_saved_layout: Callable[[int, int, int, int], Mapping[str, Shape]] | None = None
 
     def __post_init__(self):
         # A backend is someone else's code: a malformed field fails here, when
@@ -140,6 +195,23 @@ class Backend:
         object.__setattr__(self, "interface_versions", tuple(self.interface_versions))
         if not isinstance(self.description, str):
             raise bad("description", "a str")
+        given = [name for name in SEQUENCE_FIELDS if getattr(self, name) is not None]
+        if given and len(given) != len(SEQUENCE_FIELDS):
+            missing = [name for name in SEQUENCE_FIELDS if name not in given]
+            raise TypeError(f"Backend {self.name!r}: the sequence kernels come together: it sets {', '.join(given)} "
+                            f"but not {', '.join(missing)}")
+        for name in given:
+            if not callable(getattr(self, name)):
+                raise bad(name, "callable or None")
+        if given and max(self.interface_versions, default=0) < SEQUENCE_INTERFACE_VERSION:
+            raise TypeError(f"Backend {self.name!r}: sequence kernels came with interface version "
+                            f"{SEQUENCE_INTERFACE_VERSION}, but interface_versions is {self.interface_versions}: "
+                            f"add {SEQUENCE_INTERFACE_VERSION}")
+
+    @property
+    def has_sequence_kernels(self) -> bool:
+        """Whether sequences run through this backend's own sequence kernels (else its step kernels, looped)."""
+        return self.sequence_forward is not None
 
     def supports(self, device_type: str, dtype: torch.dtype) -> str | None:
         """``None`` if this backend takes tensors of that device type and dtype, else why not."""
