@@ -1,7 +1,8 @@
 """lltm-core: the LLTM recurrent cell with interchangeable backends.
 
-``lltm(...)`` and ``LLTM`` are the interface; the arithmetic comes from a
-backend, a separately installed distribution found through the entry-point
+``lltm(...)`` and ``LLTM`` (one step), ``lltm_sequence(...)`` and
+``LLTMLayer`` (whole sequences, nn.LSTM's interface) are the interface; the
+arithmetic comes from a backend, a separately installed distribution found through the entry-point
 group ``lltm.backends`` (see ``lltm_core.backend`` for the contract).
 Importing this package imports no backend.
 """
@@ -15,7 +16,9 @@ import torch
 from . import _autograd, _registry
 from ._checks import check_lltm_args
 from ._registry import BackendError, BackendUnavailableWarning, refresh, use_backend
+from ._sequence import lltm_sequence
 from .backend import INTERFACE_VERSION, Backend
+from .layer import LLTMLayer
 
 try:
     from importlib.metadata import version as _dist_version
@@ -27,6 +30,8 @@ except Exception:  # running from a source tree that was never installed
 __all__ = [
     "LLTM",
     "lltm",
+    "LLTMLayer",
+    "lltm_sequence",
     "get_backend",
     "available_backends",
     "backend_report",
@@ -73,24 +78,18 @@ def backend_report() -> list[dict]:
     return _registry.report()
 
 
-def _choose(device_type: str, dtype: torch.dtype, backend) -> Backend:
-    if isinstance(backend, Backend):
-        why_not = backend.supports(device_type, dtype)
-        if why_not is not None:
-            raise BackendError(f"lltm backend {backend.name!r} (passed as backend=) cannot take these tensors: it {why_not}")
-        return backend
-    return _registry.select(device_type, dtype, backend)
-
-
 def lltm(input, weights, bias, old_h, old_cell, *, backend: str | Backend | None = None):
     """One LLTM step; returns ``(new_h, new_cell)``, differentiable in all five tensors.
 
-    Shapes: input (B, I), weights (3S, S+I), bias (3S,), old_h (B, S),
-    old_cell (B, S).  ``backend`` names the backend to use (or is a
+    Shapes: input (B, I), weights (3S, S+I), bias (3S,) or (1, 3S), old_h
+    (B, S), old_cell (B, S): a drop-in for pytorch/extension-cpp's ``lltm``.
+    ``backend`` names the backend to use (or is a
     :class:`Backend`); by default the best available one for the tensors'
     device and dtype is chosen (see ``lltm_core._registry.select``).
     """
     check_lltm_args(input, weights, bias, old_h, old_cell)
+    if bias.dim() != 1:  # (1, 3S), as pytorch/extension-cpp passes it; autograd reshapes its gradient back
+        bias = bias.view(-1)
     if _compiling():
         # The choice is made while tracing and baked into the graph as a call
         # to that backend's custom operator.  Reading the registry's compile_*
@@ -109,7 +108,7 @@ def lltm(input, weights, bias, old_h, old_cell, *, backend: str | Backend | None
         return out[0], out[1]
     device_type = "cpu" if input.is_cpu else input.device.type  # .device builds an object: skip it for CPU
     return _autograd.apply_eager(
-        _choose(device_type, input.dtype, backend),
+        _registry.choose(device_type, input.dtype, backend),
         input.contiguous(), weights.contiguous(), bias.contiguous(), old_h.contiguous(), old_cell.contiguous(),
     )
 
@@ -118,7 +117,7 @@ def lltm(input, weights, bias, old_h, old_cell, *, backend: str | Backend | None
 def _traced_choice(device_type: str, dtype: torch.dtype, backend, compile_hint, compile_generation) -> str:
     # compile_hint and compile_generation are unused here: they are arguments so
     # that the caller reads them, and Dynamo guards on them.
-    chosen = _choose(device_type, dtype, backend)
+    chosen = _registry.choose(device_type, dtype, backend)
     _autograd.ops_for(chosen)  # registers torch.ops.lltm.<name>_forward on first use
     return chosen.name
 
@@ -127,7 +126,9 @@ class LLTM(torch.nn.Module):
     """The LLTM cell as a module; its ``state_dict`` matches the tutorial's ``LLTM``.
 
     Parameters ``weights`` (3S, I+S) and ``bias`` (3S,) start uniform in
-    [-1/sqrt(S), 1/sqrt(S)].  ``forward(input, (h, c)) -> (new_h, new_cell)``.
+    [-1/sqrt(S), 1/sqrt(S)].  ``forward(input, (h, c)) -> (new_h, new_cell)``;
+    without a state, h and c start at zero, as in ``torch.nn.LSTMCell``.  For a
+    whole sequence, :class:`LLTMLayer` runs the time loop inside the backend.
     """
 
     def __init__(self, input_features: int, state_size: int, *, backend: str | None = None, device=None, dtype=None):
@@ -149,7 +150,13 @@ class LLTM(torch.nn.Module):
         for p in (self.weights, self.bias):
             torch.nn.init.uniform_(p, -bound, bound)
 
-    def forward(self, input, state):
+    def forward(self, input, state=None):
+        if state is None:
+            if not (isinstance(input, torch.Tensor) and input.dim() == 2):
+                raise ValueError(f"LLTM({self.extra_repr()}) takes input of shape (batch, {self.input_features}), "
+                                 f"got {tuple(input.shape) if isinstance(input, torch.Tensor) else type(input).__name__}")
+            zeros = input.new_zeros(input.shape[0], self.state_size)
+            state = (zeros, zeros)
         # A bare tensor would unpack along its rows into a confusing shape error, or none at all.
         if not isinstance(state, (tuple, list)) or len(state) != 2:
             raise TypeError(f"LLTM.forward(input, state): state must be a pair (h, c), got {type(state).__name__}")

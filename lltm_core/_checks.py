@@ -14,8 +14,9 @@ def _shape(t: torch.Tensor) -> tuple:
 def check_lltm_args(input, weights, bias, old_h, old_cell) -> None:
     """Raise TypeError/ValueError unless the five tensors make one valid LLTM call.
 
-    Shapes: input (B, I), weights (3S, S+I), bias (3S,), old_h (B, S),
-    old_cell (B, S); one floating dtype and one device for all five.
+    Shapes: input (B, I), weights (3S, S+I), bias (3S,) or (1, 3S) (as
+    pytorch/extension-cpp's lltm takes it), old_h (B, S), old_cell (B, S); one
+    floating dtype and one device for all five.
     """
     # One expression for the common, valid case: at the seed's size a call is
     # tens of microseconds, and the loop that builds good messages costs a few.
@@ -25,7 +26,7 @@ def check_lltm_args(input, weights, bias, old_h, old_cell) -> None:
         _, S = old_h.shape
         dtype, device = input.dtype, input.device
         valid = (
-            weights.shape == (3 * S, S + I) and bias.shape == (3 * S,)
+            weights.shape == (3 * S, S + I) and (bias.shape == (3 * S,) or bias.shape == (1, 3 * S))
             and old_h.shape[0] == B and old_cell.shape == (B, S)
             and dtype.is_floating_point
             and weights.dtype == dtype and bias.dtype == dtype and old_h.dtype == dtype and old_cell.dtype == dtype
@@ -61,17 +62,79 @@ def _raise_for(input, weights, bias, old_h, old_cell) -> None:
     }
     for name, t in zip(NAMES[1:], args[1:]):
         want = expected[name]
-        if t.shape != want:
+        if t.shape != want and not (name == "bias" and t.shape == (1, 3 * S)):
+            also = f" or {(1, 3 * S)}" if name == "bias" else ""
             raise ValueError(
-                f"lltm(): {name} has shape {_shape(t)}, expected {want} for input of shape "
+                f"lltm(): {name} has shape {_shape(t)}, expected {want}{also} for input of shape "
                 f"{_shape(input)} (batch={B}, input_features={I}) and state_size={S} (from old_h)"
             )
-    dtype = input.dtype
+    _check_dtypes_and_devices("lltm()", zip(NAMES, args))
+
+
+def _check_dtypes_and_devices(caller: str, named_tensors) -> None:
+    """One floating dtype and one device, the first tensor's; errors name the odd one out."""
+    (first_name, first), *rest = named_tensors
+    dtype, device = first.dtype, first.device
     if not dtype.is_floating_point:
-        raise TypeError(f"lltm(): input must be a floating-point tensor, got dtype {dtype}")
-    device = input.device
-    for name, t in zip(NAMES[1:], args[1:]):
+        raise TypeError(f"{caller}: {first_name} must be a floating-point tensor, got dtype {dtype}")
+    for name, t in rest:
         if t.dtype != dtype:
-            raise TypeError(f"lltm(): {name} has dtype {t.dtype}, expected {dtype} (the dtype of input)")
+            raise TypeError(f"{caller}: {name} has dtype {t.dtype}, expected {dtype} (the dtype of {first_name})")
         if t.device != device:
-            raise ValueError(f"lltm(): {name} is on {t.device}, expected {device} (the device of input)")
+            raise ValueError(f"{caller}: {name} is on {t.device}, expected {device} (the device of {first_name})")
+
+
+SEQUENCE_NAMES = ("input", "weights", "bias", "h0", "c0")
+
+
+def check_sequence_args(input, weights, bias, h0, c0, lengths, reverse, *, check_values: bool = True) -> None:
+    """Raise TypeError/ValueError unless these make one valid ``lltm_sequence`` call.
+
+    Shapes: input (T, B, I) with T >= 1, weights (3S, S+I), bias (3S,) or
+    (1, 3S), h0 and c0 (B, S); one floating dtype and one device.  ``lengths``
+    is None or an integer tensor (B,) with values in [1, T]; its values are
+    only read when ``check_values`` (not while torch.compile traces, where they
+    are unknown).
+    """
+    caller = "lltm_sequence()"
+    args = (input, weights, bias, h0, c0)
+    for name, t in zip(SEQUENCE_NAMES, args):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{caller}: {name} must be a torch.Tensor, got {type(t).__name__}")
+    if input.dim() != 3:
+        raise ValueError(f"{caller}: input must be 3-D (time, batch, input_features), got shape {_shape(input)}")
+    if h0.dim() != 2:
+        raise ValueError(f"{caller}: h0 must be 2-D (batch, state_size), got shape {_shape(h0)}")
+    T, B, I = input.shape
+    S = h0.shape[1]
+    if T == 0:
+        raise ValueError(f"{caller}: input has 0 time steps (shape {_shape(input)}); a sequence needs at least one")
+    expected = {"weights": (3 * S, S + I), "bias": (3 * S,), "h0": (B, S), "c0": (B, S)}
+    for name, t in zip(SEQUENCE_NAMES[1:], args[1:]):
+        want = expected[name]
+        if t.shape != want and not (name == "bias" and t.shape == (1, 3 * S)):
+            also = f" or {(1, 3 * S)}" if name == "bias" else ""
+            raise ValueError(
+                f"{caller}: {name} has shape {_shape(t)}, expected {want}{also} for input of shape "
+                f"{_shape(input)} (time={T}, batch={B}, input_features={I}) and state_size={S} (from h0)"
+            )
+    _check_dtypes_and_devices(caller, zip(SEQUENCE_NAMES, args))
+    if not isinstance(reverse, bool):
+        raise TypeError(f"{caller}: reverse must be a bool, got {type(reverse).__name__}")
+    if lengths is not None:
+        check_lengths(caller, lengths, T, B, check_values=check_values)
+
+
+def check_lengths(caller: str, lengths, T: int, B: int, *, check_values: bool = True) -> None:
+    if not isinstance(lengths, torch.Tensor):
+        raise TypeError(f"{caller}: lengths must be None or an integer tensor of shape ({B},), got {type(lengths).__name__}")
+    if lengths.dtype.is_floating_point or lengths.dtype.is_complex or lengths.dtype == torch.bool:
+        raise TypeError(f"{caller}: lengths must be an integer tensor, got dtype {lengths.dtype}")
+    if lengths.shape != (B,):
+        raise ValueError(f"{caller}: lengths must be 1-D with one length per sequence, shape ({B},), "
+                         f"got shape {_shape(lengths)}")
+    if check_values and B:
+        low, high = int(lengths.min()), int(lengths.max())
+        if low < 1 or high > T:
+            raise ValueError(f"{caller}: lengths must lie in [1, {T}] (1 to the number of time steps), "
+                             f"got values from {low} to {high}")

@@ -11,7 +11,11 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-__all__ = ["forward", "backward", "saved_layout", "load_backend"]
+__all__ = [
+    "forward", "backward", "saved_layout",
+    "sequence_forward", "sequence_backward", "sequence_saved_layout",
+    "load_backend",
+]
 
 # The derivative kernels autograd itself uses, bound once: resolving
 # torch.ops.aten.<name> on every call costs more than the arithmetic here.
@@ -63,6 +67,97 @@ def backward(grad_h, grad_cell, weights, X, sig_gates, candidate, tanh_cell, nee
     )
 
 
+# --- the sequence: the algorithm the fused backends follow -----------------
+#
+# Forward: one GEMM projects the input of all T*B rows at once (X_x W_x^T + b,
+# the bias folded in), then each step adds one recurrent GEMM h W_h^T into its
+# slice of that buffer and does the pointwise work.  Backward: each step does
+# the pointwise work and one GEMM d_gates W_h for the gradient of the previous
+# h; after the loop, one GEMM over all T*B rows gives d_W = d_gates^T [h_prev | x],
+# one gives d_input = d_gates W_x, and one sum d_bias.
+#
+# Saved (besides the input, output and h0, which lltm-core holds anyway): the
+# activated gates (T, B, 3S) and tanh(c_t) (T, B, S).  That is (5S + I)·T·B
+# elements with the input and output, under the (6S + I)·T·B the contract
+# allows.  No c_t is kept: with no forget gate, d c_{t-1} = d c_t, so the
+# backward never needs the cell itself.
+
+
+def sequence_saved_layout(steps: int, batch: int, input_features: int, state_size: int) -> dict:
+    return {
+        "gates": (steps, batch, 3 * state_size),  # per step [sigmoid(i) | sigmoid(o) | elu(z)]
+        "tanh_cell": (steps, batch, state_size),  # per step tanh(c_t)
+    }
+
+
+def _steps(T: int, reverse: bool) -> range:
+    return range(T - 1, -1, -1) if reverse else range(T)
+
+
+def sequence_forward(input, weights, bias, h0, c0, lengths, reverse):
+    T, B, I = input.shape
+    S = h0.shape[1]
+    w_h, w_x = weights.split([S, I], dim=1)
+    gates = torch.addmm(bias, input.reshape(T * B, I), w_x.t()).view(T, B, 3 * S)
+    output = input.new_empty(T, B, S)
+    tanh_cell = input.new_empty(T, B, S)
+    h, c = h0, c0
+    for t in _steps(T, reverse):
+        step = gates[t].addmm_(h, w_h.t())
+        sig_gates = step[:, : 2 * S].sigmoid_()
+        candidate = F.elu(step[:, 2 * S :], inplace=True)
+        input_gate, output_gate = sig_gates.chunk(2, dim=1)
+        new_c = torch.addcmul(c, candidate, input_gate)
+        torch.tanh(new_c, out=tanh_cell[t])
+        if lengths is None:
+            h, c = torch.mul(tanh_cell[t], output_gate, out=output[t]), new_c
+        else:
+            # Rows past their length keep their state and output zero.
+            valid = (lengths > t).unsqueeze(1)
+            new_h = tanh_cell[t] * output_gate
+            output[t] = torch.where(valid, new_h, 0)
+            h, c = torch.where(valid, new_h, h), torch.where(valid, new_c, c)
+    # Without lengths h is a view of output, and outputs may not share memory.
+    return output, (h.clone() if lengths is None else h), c, gates, tanh_cell
+
+
+def sequence_backward(grad_output, grad_h_n, grad_c_n, weights, input, h0, output, lengths, gates, tanh_cell,
+                      reverse, needs_grad_input):
+    T, B, I = input.shape
+    S = h0.shape[1]
+    w_h, w_x = weights.split([S, I], dim=1)
+    d_gates = torch.empty_like(gates)
+    grad_h, grad_c = grad_h_n, grad_c_n  # of the state after the step being undone
+    for t in reversed(_steps(T, reverse)):
+        sig_gates, candidate = gates[t].split([2 * S, S], dim=1)
+        input_gate, output_gate = sig_gates.chunk(2, dim=1)
+        grad_new_h = grad_h + grad_output[t]
+        grad_new_c = _tanh_backward(grad_new_h * output_gate, tanh_cell[t]).add_(grad_c)
+        step = d_gates[t]
+        step[:, : 2 * S] = _sigmoid_backward(
+            torch.cat([candidate * grad_new_c, tanh_cell[t] * grad_new_h], dim=1), sig_gates)
+        step[:, 2 * S :] = _elu_backward(input_gate * grad_new_c, 1.0, 1.0, 1.0, True, candidate)
+        if lengths is None:
+            grad_h, grad_c = step.mm(w_h), grad_new_c
+        else:
+            valid = (lengths > t).unsqueeze(1)
+            step.masked_fill_(~valid, 0)  # a row past its length did not take part in this step
+            grad_h, grad_c = torch.where(valid, step.mm(w_h), grad_h), torch.where(valid, grad_new_c, grad_c)
+
+    # The state each step started from: the previous step's output, or h0 for the first.
+    if reverse:
+        h_prev = torch.cat([output[1:], h0.unsqueeze(0)])
+        if lengths is not None:  # a reversed row starts at its own last step, from h0
+            starts_later = lengths.unsqueeze(0) > torch.arange(1, T + 1, device=lengths.device).unsqueeze(1)
+            h_prev = torch.where(starts_later.unsqueeze(2), h_prev, h0)
+    else:
+        h_prev = torch.cat([h0.unsqueeze(0), output[:-1]])
+    d_gates_2d = d_gates.view(T * B, 3 * S)
+    grad_weights = d_gates_2d.t().mm(torch.cat([h_prev, input], dim=2).view(T * B, S + I))
+    grad_input = d_gates_2d.mm(w_x).view(T, B, I) if needs_grad_input else weights.new_empty(0)
+    return grad_input, grad_weights, d_gates_2d.sum(0), grad_h, grad_c
+
+
 def load_backend():
     from lltm_core.backend import Backend
 
@@ -74,6 +169,9 @@ def load_backend():
         devices=frozenset({"cpu", "cuda", "mps", "xpu"}),
         dtypes=frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64}),
         priority=0,
-        interface_versions=(1,),
+        interface_versions=(1, 2),
         description="plain PyTorch operators (the fallback; runs anywhere)",
+        sequence_forward=sequence_forward,
+        sequence_backward=sequence_backward,
+        sequence_saved_layout=sequence_saved_layout,
     )

@@ -1,0 +1,209 @@
+"""``lltm_sequence``: one LLTM layer in one direction over a whole sequence.
+
+A backend with sequence kernels (interface version 2) runs the time loop
+itself; the routes to its kernels are those of the step (see ``_autograd``):
+
+* eager calls go through :class:`_SequenceFunction`;
+* under ``torch.compile`` the call becomes the custom operator
+  ``lltm::<backend>_sequence_forward``, with a fake kernel built from the
+  backend's ``sequence_saved_layout`` and ``register_autograd`` routing the
+  backward to its ``sequence_backward``.  ``opcheck`` checks these operators.
+
+Both save the same tensors: the input, weights, h0 and output, which autograd
+holds anyway, plus the backend's own.  A backend without sequence kernels (any
+version-1 backend) runs :func:`_loop_steps`: its step kernels, one autograd
+node per step, which is correct and slower.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from . import _autograd, _registry
+from ._checks import check_sequence_args
+from .backend import Backend
+
+log = logging.getLogger("lltm_core")
+
+_FORWARD_SCHEMA = (
+    "(Tensor input, Tensor weights, Tensor bias, Tensor h0, Tensor c0, Tensor? lengths, bool reverse, "
+    "str? named=None) -> Tensor[]"
+)
+_BACKWARD_SCHEMA = (
+    "(Tensor grad_output, Tensor grad_h_n, Tensor grad_c_n, Tensor weights, Tensor input, Tensor h0, "
+    "Tensor output, Tensor? lengths, Tensor[] saved, bool reverse, bool needs_grad_input) -> Tensor[]"
+)
+
+
+def lltm_sequence(input, weights, bias, h0, c0, *, lengths=None, reverse=False, backend: str | Backend | None = None):
+    """One LLTM layer, one direction, over a sequence; returns ``(output, h_n, c_n)``.
+
+    Shapes: input (T, B, I), weights (3S, S+I), bias (3S,) or (1, 3S), h0 and
+    c0 (B, S); output (T, B, S), h_n and c_n (B, S).  ``lengths`` (an integer
+    tensor (B,), values in [1, T]) limits sequence b to its first lengths[b]
+    steps: its later outputs are zero and h_n, c_n are its state after its own
+    last step.  ``reverse`` runs the steps from T-1 down to 0 (from each
+    sequence's own last valid step, with lengths).  Differentiable in input,
+    weights, bias, h0 and c0.  ``backend`` as for :func:`lltm_core.lltm`.
+    """
+    compiling = torch.compiler.is_compiling()
+    check_sequence_args(input, weights, bias, h0, c0, lengths, reverse, check_values=not compiling)
+    if bias.dim() == 2:  # (1, 3S), as pytorch/extension-cpp passes it; autograd reshapes its gradient back
+        bias = bias.view(-1)
+    if lengths is not None:
+        lengths = lengths.to(device=input.device, dtype=torch.int64).contiguous()
+    args = (input.contiguous(), weights.contiguous(), bias.contiguous(), h0.contiguous(), c0.contiguous())
+    if compiling:
+        route = _traced_route(input.device.type, input.dtype, backend, _registry.compile_hint,
+                              _registry.compile_generation)
+        kind, name = route.split(":", 1)
+        if kind == "loop":  # each step's operator checks the choice again, as lltm() does
+            return _loop_steps(backend, *args, lengths, reverse)
+        named = backend if isinstance(backend, str) else backend.name if isinstance(backend, Backend) else None
+        out = getattr(torch.ops.lltm, f"{name}_sequence_forward")(*args, lengths, reverse, named)
+        return out[0], out[1], out[2]
+    chosen = _registry.choose(input.device.type, input.dtype, backend)
+    if not chosen.has_sequence_kernels:
+        log.debug("lltm_sequence: backend %s has no sequence kernels; looping its step kernels", chosen.name)
+        return _loop_steps(chosen, *args, lengths, reverse)
+    if _autograd.needs_autograd(*args):
+        return _SequenceFunction.apply(chosen, *args, lengths, reverse)
+    out = chosen.sequence_forward(*args, lengths, reverse)
+    return out[0], out[1], out[2]
+
+
+@torch.compiler.assume_constant_result
+def _traced_route(device_type: str, dtype: torch.dtype, backend, compile_hint, compile_generation) -> str:
+    """"fused:<name>" or "loop:<name>", fixed in the graph; the hint arguments make Dynamo guard on them."""
+    chosen = _registry.choose(device_type, dtype, backend)
+    if not chosen.has_sequence_kernels:
+        return f"loop:{chosen.name}"
+    sequence_ops_for(chosen)  # registers torch.ops.lltm.<name>_sequence_forward on first use
+    return f"fused:{chosen.name}"
+
+
+def _loop_steps(backend, input, weights, bias, h0, c0, lengths, reverse):
+    """The sequence as T calls of the step: for backends without sequence kernels.
+
+    Each step is ``lltm()`` (autograd, or the step's custom operator under
+    torch.compile); rows past their length keep their state and output zero.
+    """
+    from . import lltm
+
+    h, c = h0, c0
+    outputs = [None] * input.shape[0]
+    steps = range(input.shape[0] - 1, -1, -1) if reverse else range(input.shape[0])
+    for t in steps:
+        new_h, new_c = lltm(input[t], weights, bias, h, c, backend=backend)
+        if lengths is None:
+            h, c = new_h, new_c
+            outputs[t] = new_h
+        else:
+            valid = (lengths > t).unsqueeze(1)
+            h, c = torch.where(valid, new_h, h), torch.where(valid, new_c, c)
+            outputs[t] = torch.where(valid, new_h, torch.zeros_like(new_h))
+    return torch.stack(outputs), h, c
+
+
+class _SequenceFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, backend: Backend, input, weights, bias, h0, c0, lengths, reverse):
+        output, h_n, c_n, *saved = backend.sequence_forward(input, weights, bias, h0, c0, lengths, reverse)
+        ctx.backend, ctx.lengths, ctx.reverse = backend, lengths, reverse
+        ctx.save_for_backward(input, weights, h0, output, *saved)
+        return output, h_n, c_n
+
+    @staticmethod
+    def backward(ctx, grad_output, grad_h_n, grad_c_n):
+        if not torch.is_grad_enabled():
+            return _eager_backward(ctx, grad_output, grad_h_n, grad_c_n)
+        with torch.no_grad():  # create_graph=True: see _autograd.fail_if_differentiated
+            grads = _eager_backward(ctx, grad_output, grad_h_n, grad_c_n)
+        return _autograd.fail_if_differentiated(grads)
+
+    @staticmethod
+    def jvp(ctx, *tangents):
+        raise RuntimeError(
+            "lltm: forward-mode AD (torch.autograd.forward_ad, torch.func.jvp) is not supported: "
+            "the backends have no forward-mode derivative"
+        )
+
+
+def _eager_backward(ctx, grad_output, grad_h_n, grad_c_n):
+    input, weights, h0, output, *saved = ctx.saved_tensors
+    needs_input = ctx.needs_input_grad[1]
+    grad_input, grad_weights, grad_bias, grad_h0, grad_c0 = ctx.backend.sequence_backward(
+        grad_output, grad_h_n, grad_c_n, weights, input, h0, output, ctx.lengths, *saved, ctx.reverse, needs_input
+    )
+    return None, (grad_input if needs_input else None), grad_weights, grad_bias, grad_h0, grad_c0, None, None
+
+
+# --- custom operators, for torch.compile -------------------------------------
+
+
+def sequence_ops_for(backend: Backend):
+    """(forward_op, backward_op): ``lltm::<name>_sequence_forward`` and ``lltm::<name>_sequence_backward``."""
+    kernels = (backend.sequence_forward, backend.sequence_backward, backend.sequence_saved_layout)
+    return _autograd.registered_ops("sequence", backend, kernels, _register)
+
+
+def _register(name: str, kernels):
+    # kernels() -> (sequence_forward, sequence_backward, sequence_saved_layout) of backend `name` now
+    def forward_impl(input, weights, bias, h0, c0, lengths, reverse, named=None):
+        if named is None:
+            _autograd.check_traced_choice(name, input)
+        return list(kernels()[0](input, weights, bias, h0, c0, lengths, reverse))
+
+    def backward_impl(grad_output, grad_h_n, grad_c_n, weights, input, h0, output, lengths, saved, reverse,
+                      needs_grad_input):
+        return list(kernels()[1](grad_output, grad_h_n, grad_c_n, weights, input, h0, output, lengths, *saved,
+                                 reverse, needs_grad_input))
+
+    forward_op = torch.library.custom_op(
+        f"lltm::{name}_sequence_forward", forward_impl, mutates_args=(), schema=_FORWARD_SCHEMA
+    )
+    backward_op = torch.library.custom_op(
+        f"lltm::{name}_sequence_backward", backward_impl, mutates_args=(), schema=_BACKWARD_SCHEMA
+    )
+
+    @forward_op.register_fake
+    def _(input, weights, bias, h0, c0, lengths, reverse, named=None):
+        T, B, I = input.shape
+        S = h0.shape[1]
+        shapes = [(T, B, S), (B, S), (B, S), *kernels()[2](T, B, I, S).values()]
+        return [input.new_empty(shape) for shape in shapes]
+
+    @backward_op.register_fake
+    def _(grad_output, grad_h_n, grad_c_n, weights, input, h0, output, lengths, saved, reverse, needs_grad_input):
+        return [
+            input.new_empty(input.shape if needs_grad_input else (0,)),
+            torch.empty_like(weights),
+            weights.new_empty((weights.shape[0],)),
+            torch.empty_like(h0),
+            torch.empty_like(h0),
+        ]
+
+    def setup_context(ctx, inputs, output):
+        input, weights, _, h0, _, lengths, reverse = inputs[:7]
+        ctx.lengths, ctx.reverse = lengths, reverse
+        ctx.save_for_backward(input, weights, h0, output[0], *output[3:])
+
+    def backward(ctx, grads):
+        n_args = len(ctx.needs_input_grad)  # named=None is dropped by the dispatcher: see _autograd
+        input, weights, h0, output, *saved = ctx.saved_tensors
+        grad_output, grad_h_n, grad_c_n = grads[0], grads[1], grads[2]
+        if grad_output is None and grad_h_n is None and grad_c_n is None:
+            return (None,) * n_args
+        needs_input = ctx.needs_input_grad[0]
+        grad_input, grad_weights, grad_bias, grad_h0, grad_c0 = backward_op(
+            _autograd._grad_or_zeros(grad_output, output), _autograd._grad_or_zeros(grad_h_n, h0),
+            _autograd._grad_or_zeros(grad_c_n, h0), weights, input, h0, output, ctx.lengths, saved, ctx.reverse,
+            needs_input,
+        )
+        return ((grad_input if needs_input else None), grad_weights, grad_bias, grad_h0, grad_c0, None, None,
+                None)[:n_args]
+
+    forward_op.register_autograd(backward, setup_context=setup_context)
+    return forward_op, backward_op

@@ -1,0 +1,214 @@
+"""``LLTMLayer``: the LLTM over whole sequences, with ``torch.nn.LSTM``'s interface and conventions."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
+
+from ._sequence import lltm_sequence
+
+
+class LLTMLayer(torch.nn.Module):
+    """A stack of LLTM layers run over sequences, as ``torch.nn.LSTM`` runs LSTMs.
+
+    ``LLTMLayer(input_features, state_size, num_layers=1, *, batch_first=False,
+    dropout=0.0, bidirectional=False, backend=None, device=None, dtype=None)``.
+    Porting from nn.LSTM means changing the class name.  With D = 2 if
+    bidirectional else 1 and L = num_layers, ``forward(input, state=None)``
+    returns ``(output, (h_n, c_n))``:
+
+    * input: (T, B, I), (B, T, I) with ``batch_first``, (T, I) unbatched, or a
+      ``PackedSequence`` (then output is one too, in the same order);
+    * state: ``(h_0, c_0)``, each (L*D, B, S), or (L*D, S) unbatched; zeros if None;
+    * output: (T, B, D*S) (or batch first), the forward direction's features
+      first; zero at the padded positions of a packed input;
+    * h_n, c_n: (L*D, B, S), indexed ``layer * D + direction``; for a packed
+      input, each sequence's state after its own last valid step (the reverse
+      direction starts there).
+
+    Parameters ``weights_l{k}`` (3S, S + I_k) and ``bias_l{k}`` (3S,), plus
+    ``weights_l{k}_reverse`` and ``bias_l{k}_reverse``, with I_0 = I and
+    I_k = D*S: the cell's layout (columns [h, x], gate rows [input, output,
+    candidate]), initialised as the cell is.  ``dropout`` applies to the
+    outputs of every layer but the last, in training only.  Each layer and
+    direction is one :func:`lltm_core.lltm_sequence` call, on the backend
+    chosen for the tensors (or ``backend``).
+    """
+
+    def __init__(self, input_features: int, state_size: int, num_layers: int = 1, *, batch_first: bool = False,
+                 dropout: float = 0.0, bidirectional: bool = False, backend: str | None = None, device=None,
+                 dtype=None):
+        super().__init__()
+        for name, value in (("input_features", input_features), ("state_size", state_size), ("num_layers", num_layers)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"LLTMLayer(): {name} must be an integer >= 1, got {value!r}")
+        if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0 <= dropout <= 1:
+            raise ValueError(f"LLTMLayer(): dropout must be a probability in [0, 1], got {dropout!r}")
+        self.input_features = input_features
+        self.state_size = state_size
+        self.num_layers = num_layers
+        self.batch_first = bool(batch_first)
+        self.dropout = float(dropout)
+        self.bidirectional = bool(bidirectional)
+        self.backend = backend
+        directions = 2 if bidirectional else 1
+        factory = {"device": device, "dtype": dtype}
+        for layer in range(num_layers):
+            features = input_features if layer == 0 else directions * state_size
+            for suffix in self._suffixes():
+                self.register_parameter(f"weights_l{layer}{suffix}", torch.nn.Parameter(
+                    torch.empty(3 * state_size, state_size + features, **factory)))
+                self.register_parameter(f"bias_l{layer}{suffix}", torch.nn.Parameter(
+                    torch.empty(3 * state_size, **factory)))
+        self.reset_parameters()
+
+    # nn.LSTM's names for the sizes, so that code reading them ports unchanged.
+    @property
+    def input_size(self) -> int:
+        return self.input_features
+
+    @property
+    def hidden_size(self) -> int:
+        return self.state_size
+
+    def _suffixes(self) -> tuple[str, ...]:
+        return ("", "_reverse") if self.bidirectional else ("",)
+
+    def reset_parameters(self) -> None:
+        """Uniform in [-1/sqrt(S), 1/sqrt(S)], as the cell (and nn.LSTM) start."""
+        bound = 1.0 / math.sqrt(self.state_size)
+        for p in self.parameters():
+            torch.nn.init.uniform_(p, -bound, bound)
+
+    def flatten_parameters(self) -> None:
+        """A no-op, so that code written for nn.LSTM (which packs its weights for cuDNN here) runs."""
+
+    @classmethod
+    def from_cell(cls, cell, **kwargs) -> "LLTMLayer":
+        """A layer whose first layer, forward direction, is a trained ``lltm_core.LLTM`` cell.
+
+        ``cell.weights`` becomes ``weights_l0`` and ``cell.bias`` ``bias_l0``
+        (copied: same layout, columns [h, x]), so the layer over a sequence
+        computes what the cell looped over it does.  ``kwargs`` go to the
+        constructor (``batch_first=True``, say); more layers or a reverse
+        direction start freshly initialised.  The backend is the cell's unless
+        ``backend=`` is given.
+        """
+        kwargs.setdefault("backend", cell.backend)
+        layer = cls(cell.input_features, cell.state_size, device=cell.weights.device, dtype=cell.weights.dtype,
+                    **kwargs)
+        with torch.no_grad():
+            layer.weights_l0.copy_(cell.weights)
+            layer.bias_l0.copy_(cell.bias)
+        return layer
+
+    def extra_repr(self) -> str:
+        text = f"{self.input_features}, {self.state_size}"
+        if self.num_layers != 1:
+            text += f", num_layers={self.num_layers}"
+        for name, default in (("batch_first", False), ("dropout", 0.0), ("bidirectional", False), ("backend", None)):
+            if getattr(self, name) != default:
+                text += f", {name}={getattr(self, name)!r}"
+        return text
+
+    def forward(self, input, state=None):
+        lengths = None
+        if isinstance(input, PackedSequence):
+            # Padded, in the callers' batch order, which h_0 and h_n follow too (as in nn.LSTM).
+            sequence, lengths = pad_packed_sequence(input)
+            batched = True
+        elif isinstance(input, torch.Tensor):
+            if input.dim() not in (2, 3):
+                raise ValueError(f"LLTMLayer({self.extra_repr()}): input must be 3-D "
+                                 f"({'batch, time' if self.batch_first else 'time, batch'}, features), or 2-D "
+                                 f"(time, features) unbatched, got shape {tuple(input.shape)}")
+            batched = input.dim() == 3
+            sequence = input if batched else input.unsqueeze(1)
+            if batched and self.batch_first:
+                sequence = sequence.transpose(0, 1)
+        else:
+            raise TypeError(f"LLTMLayer.forward(): input must be a torch.Tensor or a PackedSequence, "
+                            f"got {type(input).__name__}")
+        self._check_input(sequence, tuple(input.shape) if isinstance(input, torch.Tensor) else None)
+        h_0, c_0 = self._initial_state(state, sequence, batched)
+
+        directions = len(self._suffixes())
+        h_n, c_n = [], []
+        layer_input = sequence
+        for layer in range(self.num_layers):
+            outputs = []
+            for direction, suffix in enumerate(self._suffixes()):
+                index = layer * directions + direction
+                output, h, c = lltm_sequence(
+                    layer_input, getattr(self, f"weights_l{layer}{suffix}"), getattr(self, f"bias_l{layer}{suffix}"),
+                    h_0[index], c_0[index], lengths=lengths, reverse=direction == 1, backend=self.backend,
+                )
+                outputs.append(output)
+                h_n.append(h)
+                c_n.append(c)
+            layer_input = outputs[0] if directions == 1 else torch.cat(outputs, dim=2)
+            if self.dropout and self.training and layer + 1 < self.num_layers:
+                layer_input = F.dropout(layer_input, self.dropout, training=True)
+        output, h_n, c_n = layer_input, torch.stack(h_n), torch.stack(c_n)
+
+        if isinstance(input, PackedSequence):
+            return _repack_like(output, lengths, input), (h_n, c_n)
+        if not batched:
+            return output.squeeze(1), (h_n.squeeze(1), c_n.squeeze(1))
+        if self.batch_first:
+            output = output.transpose(0, 1)
+        return output, (h_n, c_n)
+
+    def _check_input(self, sequence: torch.Tensor, shape: tuple | None) -> None:
+        shown = f"got shape {shape}" if shape is not None else f"got a PackedSequence of {sequence.shape[-1]} features"
+        if sequence.shape[-1] != self.input_features:
+            raise ValueError(f"LLTMLayer({self.extra_repr()}): input must have {self.input_features} features "
+                             f"(its last dimension), {shown}")
+        if sequence.shape[0] == 0:
+            raise ValueError(f"LLTMLayer({self.extra_repr()}): input has 0 time steps ({shown}); "
+                             f"a sequence needs at least one")
+        parameter = self.weights_l0
+        if not sequence.dtype.is_floating_point or sequence.dtype != parameter.dtype:
+            raise TypeError(f"LLTMLayer({self.extra_repr()}): input has dtype {sequence.dtype}, expected "
+                            f"{parameter.dtype} (the dtype of the parameters; .to() the module or the input)")
+        if sequence.device != parameter.device:
+            raise ValueError(f"LLTMLayer({self.extra_repr()}): input is on {sequence.device}, expected "
+                             f"{parameter.device} (where the parameters are; .to() the module or the input)")
+
+    def _initial_state(self, state, sequence: torch.Tensor, batched: bool):
+        count = self.num_layers * len(self._suffixes())
+        batch = sequence.shape[1]
+        want = (count, batch, self.state_size) if batched else (count, self.state_size)
+        if state is None:
+            zeros = sequence.new_zeros((count, batch, self.state_size))
+            return zeros, zeros
+        if not isinstance(state, (tuple, list)) or len(state) != 2:
+            raise TypeError(f"LLTMLayer.forward(input, state): state must be a pair (h_0, c_0), "
+                            f"got {type(state).__name__}")
+        for name, t in zip(("h_0", "c_0"), state):
+            if not isinstance(t, torch.Tensor):
+                raise TypeError(f"LLTMLayer.forward(): state's {name} must be a torch.Tensor, got {type(t).__name__}")
+            if tuple(t.shape) != want:
+                raise ValueError(
+                    f"LLTMLayer({self.extra_repr()}): state's {name} has shape {tuple(t.shape)}, expected {want} "
+                    f"(num_layers * directions, {'batch, ' if batched else ''}state_size)")
+            if t.dtype != sequence.dtype:
+                raise TypeError(f"LLTMLayer({self.extra_repr()}): state's {name} has dtype {t.dtype}, "
+                                f"expected {sequence.dtype} (the dtype of input)")
+            if t.device != sequence.device:
+                raise ValueError(f"LLTMLayer({self.extra_repr()}): state's {name} is on {t.device}, "
+                                 f"expected {sequence.device} (the device of input)")
+        h_0, c_0 = state
+        return (h_0, c_0) if batched else (h_0.unsqueeze(1), c_0.unsqueeze(1))
+
+
+def _repack_like(output: torch.Tensor, lengths: torch.Tensor, like: PackedSequence) -> PackedSequence:
+    """``output`` (T, B, F), in the callers' batch order, packed exactly as ``like`` is."""
+    if like.sorted_indices is not None:
+        order = like.sorted_indices
+        output, lengths = output.index_select(1, order), lengths[order.cpu()]
+    data = pack_padded_sequence(output, lengths, enforce_sorted=True).data
+    return PackedSequence(data, like.batch_sizes, like.sorted_indices, like.unsorted_indices)
