@@ -85,6 +85,40 @@ FAKE_MODULE = textwrap.dedent(
     def bad_layout():    return _ref(name="bad_layout", saved_layout=_bad_layout)
     def float32_only():  return _ref(name="float32_only", dtypes=frozenset({torch.float32}))
 
+    # Version 1: step kernels only, as every backend written before the sequence kernels.
+    def v1_only():       return _ref(name="v1_only", interface_versions=(1,), sequence_forward=None,
+                                     sequence_backward=None, sequence_saved_layout=None)
+
+    # Sequence-kernel breakers the kit must catch, each built on lltm-ref's sequence.
+    def _seq_wrong_backward(*args):
+        grad_input, gw, gb, gh, gc = lltm_ref.sequence_backward(*args)
+        return grad_input, gw * 1.01, gb, gh, gc
+
+    def _seq_ignoring_lengths(input, weights, bias, h0, c0, lengths, reverse):
+        return lltm_ref.sequence_forward(input, weights, bias, h0, c0, None, reverse)
+
+    def _seq_aliasing_forward(*args):
+        output, h_n, c_n, *saved = lltm_ref.sequence_forward(*args)
+        return (output, h_n, output[0], *saved)  # "c_n" a view of the output
+
+    def _seq_hoarding_layout(T, B, I, S):
+        return {**lltm_ref.sequence_saved_layout(T, B, I, S), "spare": (T, B, 4 * S)}
+
+    def _seq_hoarding_forward(*args):
+        output, h_n, c_n, *saved = lltm_ref.sequence_forward(*args)
+        return (output, h_n, c_n, *saved, output.new_ones(*output.shape[:2], 4 * output.shape[2]))
+
+    def _seq_hoarding_backward(*args):
+        *head, spare, reverse, needs_grad_input = args
+        return lltm_ref.sequence_backward(*head, reverse, needs_grad_input)
+
+    def seq_wrong():       return _ref(name="seq_wrong", sequence_backward=_seq_wrong_backward)
+    def seq_no_lengths():  return _ref(name="seq_no_lengths", sequence_forward=_seq_ignoring_lengths)
+    def seq_aliasing():    return _ref(name="seq_aliasing", sequence_forward=_seq_aliasing_forward)
+    def seq_hoarding():    return _ref(name="seq_hoarding", sequence_forward=_seq_hoarding_forward,
+                                       sequence_backward=_seq_hoarding_backward,
+                                       sequence_saved_layout=_seq_hoarding_layout)
+
     # Passes the reference check, then its kernel starts raising (lltm bench must go on without it).
     _calls = [0]
 

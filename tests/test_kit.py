@@ -21,7 +21,8 @@ from conftest import FAKE_MODULE, write_distribution
 def fake_site(tmp_path_factory):
     site = tmp_path_factory.mktemp("site")
     (site / "lltm_fake_backends.py").write_text(FAKE_MODULE)
-    names = ["wrong", "none_grad_x", "dense_only", "mutating", "aliasing", "bad_layout", "float32_only"]
+    names = ["wrong", "none_grad_x", "dense_only", "mutating", "aliasing", "bad_layout", "float32_only",
+             "v1_only", "seq_wrong", "seq_no_lengths", "seq_aliasing", "seq_hoarding"]
     write_distribution(site, "lltm-fake-broken", {n: f"lltm_fake_backends:{n}" for n in names})
     return site
 
@@ -44,6 +45,10 @@ def _kit(site, backend: str, *args: str) -> subprocess.CompletedProcess:
     ("mutating", "test_kernels_keep_the_contract", "wrote to its argument grad_new_cell"),
     ("aliasing", "test_kernels_keep_the_contract", "saved 'tanh_cell' shares memory with its argument old_cell"),
     ("bad_layout", "test_kernels_keep_the_contract", "saved 'X' has shape (3, 9), expected (3, 5)"),
+    ("seq_wrong", "test_layer_matches_reference", "LLTMLayer on seq_wrong, case T1: relative error above"),
+    ("seq_no_lengths", "test_lltm_sequence_matches_reference", "relative error above"),
+    ("seq_aliasing", "test_sequence_kernels_keep_the_contract", "c_n shares memory with output"),
+    ("seq_hoarding", "test_sequence_keeps_at_most_the_bound", "more than the bound (6S + I_k)"),
 ])
 def test_the_kit_catches_a_contract_breaker(fake_site, backend, failing_test, message):
     run = _kit(fake_site, backend, "-k", failing_test)
@@ -57,6 +62,14 @@ def test_the_kit_says_float64_is_required(fake_site):
     run = _kit(fake_site, "float32_only", "-k", "test_declares_the_dtypes")
     assert run.returncode == 1, run.stdout + run.stderr
     assert "the contract requires float32 and float64" in run.stdout and "missing ['float64']" in run.stdout
+
+
+def test_a_v1_backend_passes_the_sequence_tests_through_its_step_kernels(fake_site):
+    """A backend written before the sequence kernels: LLTMLayer loops its step kernels and is checked; the
+    tests of sequence kernels skip, saying why."""
+    run = _kit(fake_site, "v1_only", "-rs", "-k", "test_sequence.py and (float32 or gradcheck)")
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "passed" in run.stdout and "has no sequence kernels (interface version 1)" in run.stdout, run.stdout
 
 
 def test_the_kit_passes_the_reference(fake_site):

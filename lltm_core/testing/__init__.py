@@ -18,7 +18,10 @@ import math
 import torch
 import torch.nn.functional as F
 
-__all__ = ["reference_lltm", "SeedLLTM", "make_inputs", "tolerance", "max_rel_error", "compare_with_reference"]
+__all__ = [
+    "reference_lltm", "SeedLLTM", "make_inputs", "tolerance", "max_rel_error", "compare_with_reference",
+    "reference_sequence", "reference_layer", "make_sequence_inputs",
+]
 
 
 def reference_lltm(input, weights, bias, old_h, old_cell):
@@ -134,3 +137,67 @@ def compare_with_reference(backend, inputs, *, grad_h=None, grad_cell=None):
     for name, got, want in zip(GRAD_NAMES, grads, ref_grads):
         errors[f"grad_{name}"] = max_rel_error(got, want)
     return errors
+
+
+# --- sequences ---------------------------------------------------------------
+
+
+def reference_sequence(input, weights, bias, h0, c0, *, lengths=None, reverse=False):
+    """The tutorial's cell looped in Python over each sequence on its own: the oracle of ``lltm_sequence``.
+
+    Sequence b runs its first ``lengths[b]`` steps only (all T without
+    lengths), in reverse order if ``reverse``, from its own h0[b], c0[b]; its
+    outputs past its length are zero.  Running each sequence alone, with no
+    masking at all, keeps the oracle independent of how backends mask.
+    Returns (output (T, B, S), h_n (B, S), c_n (B, S)).
+    """
+    T, B, _ = input.shape
+    S = h0.shape[1]
+    outputs, h_n, c_n = [], [], []
+    for b in range(B):
+        steps = T if lengths is None else int(lengths[b])
+        h, c = h0[b : b + 1], c0[b : b + 1]
+        rows = [None] * steps
+        for t in (range(steps - 1, -1, -1) if reverse else range(steps)):
+            h, c = reference_lltm(input[t, b : b + 1], weights, bias, h, c)
+            rows[t] = h
+        padding = [input.new_zeros(1, S)] * (T - steps)
+        outputs.append(torch.cat(rows + padding))
+        h_n.append(h)
+        c_n.append(c)
+    return torch.stack(outputs, dim=1), torch.cat(h_n), torch.cat(c_n)
+
+
+def reference_layer(parameters: dict, num_layers: int, bidirectional: bool, input, h0, c0, *, lengths=None):
+    """The oracle of ``LLTMLayer`` (no dropout), time-major, from its named parameters.
+
+    ``parameters`` maps ``weights_l{k}[_reverse]``/``bias_l{k}[_reverse]`` to
+    tensors, as ``LLTMLayer.named_parameters()`` gives them; input (T, B, I),
+    h0 and c0 (L*D, B, S).  Returns (output (T, B, D*S), h_n, c_n), each
+    layer's directions concatenated as nn.LSTM does.
+    """
+    suffixes = ("", "_reverse") if bidirectional else ("",)
+    h_n, c_n = [], []
+    layer_input = input
+    for layer in range(num_layers):
+        outputs = []
+        for direction, suffix in enumerate(suffixes):
+            index = layer * len(suffixes) + direction
+            output, h, c = reference_sequence(
+                layer_input, parameters[f"weights_l{layer}{suffix}"], parameters[f"bias_l{layer}{suffix}"],
+                h0[index], c0[index], lengths=lengths, reverse=direction == 1,
+            )
+            outputs.append(output)
+            h_n.append(h)
+            c_n.append(c)
+        layer_input = torch.cat(outputs, dim=2)
+    return layer_input, torch.stack(h_n), torch.stack(c_n)
+
+
+def make_sequence_inputs(steps, batch, input_features, state_size, *, dtype=torch.float32, device="cpu",
+                         generator=None, requires_grad=True):
+    """Fresh random (input (T, B, I), weights, bias, h0, c0), scaled as :func:`make_inputs` scales them."""
+    x, weights, bias, h0, c0 = make_inputs(batch, input_features, state_size, dtype=torch.float64,
+                                           generator=generator, requires_grad=False)
+    x = torch.randn(steps, batch, input_features, generator=generator, dtype=torch.float64)
+    return tuple(t.to(device=device, dtype=dtype).requires_grad_(requires_grad) for t in (x, weights, bias, h0, c0))

@@ -6,7 +6,9 @@ import pytest
 import torch
 
 import lltm_core
-from lltm_core.testing import GRAD_NAMES, compare_with_reference, make_inputs, max_rel_error, tolerance
+from lltm_core.testing import GRAD_NAMES, compare_with_reference, make_inputs, max_rel_error
+from lltm_core.testing._kit import backend  # noqa: F401  (a fixture)
+from lltm_core.testing._kit import assert_close, check_returned, check_untouched, snapshot
 
 # (batch, input_features, state_size): ones, odd and prime sizes, the seed's
 # size, a state larger than a 1024-thread block, and a batch/state product
@@ -19,18 +21,6 @@ SHAPES = [
     (2, 17, 1000),
     (3, 2, 1031),
 ]
-
-
-@pytest.fixture
-def backend(lltm_backend_name, lltm_device, lltm_dtype):
-    # An explicit request: fails (never falls back) if the backend cannot take these tensors.
-    return lltm_core.get_backend(lltm_backend_name, device=lltm_device, dtype=lltm_dtype)
-
-
-def _assert_close(errors: dict, dtype, what: str):
-    tol = tolerance(dtype)
-    bad = {k: f"{v:.3g}" for k, v in errors.items() if not v <= tol}
-    assert not bad, f"{what}: relative error above {tol:g} in {bad} (all: { {k: f'{v:.2g}' for k, v in errors.items()} })"
 
 
 def test_declares_the_dtypes_the_contract_requires(lltm_backend_name, lltm_device):
@@ -50,35 +40,6 @@ def _names_and_shapes(backend, B, I, S):
     return forward, backward
 
 
-def _check_returned(what: str, returned, expected: dict, like: torch.Tensor, inputs: dict):
-    """Each returned tensor: the declared shape, the inputs' dtype and device, memory of its own."""
-    assert isinstance(returned, (tuple, list)) and len(returned) == len(expected), (
-        f"{what} must return {len(expected)} tensors ({', '.join(expected)}), got "
-        f"{type(returned).__name__} of {len(returned) if isinstance(returned, (tuple, list)) else '?'}")
-    for (name, shape), t in zip(expected.items(), returned):
-        assert isinstance(t, torch.Tensor), f"{what}: {name} must be a tensor, got {type(t).__name__}"
-        if shape is not None:
-            assert tuple(t.shape) == shape, f"{what}: {name} has shape {tuple(t.shape)}, expected {shape}"
-        assert t.dtype == like.dtype and t.device == like.device, (
-            f"{what}: {name} is {t.dtype} on {t.device}, expected {like.dtype} on {like.device} (the inputs')")
-        for input_name, x in inputs.items():
-            if t.numel() and x.numel():
-                assert t.untyped_storage().data_ptr() != x.untyped_storage().data_ptr(), (
-                    f"{what}: {name} shares memory with its argument {input_name}; every tensor a kernel "
-                    f"returns must be newly allocated (custom operators may not alias)")
-
-
-def _snapshot(inputs: dict) -> dict:
-    return {k: (v.clone(), v._version) for k, v in inputs.items()}
-
-
-def _check_untouched(what: str, inputs: dict, before: dict):
-    for name, x in inputs.items():
-        value, version = before[name]
-        assert x._version == version and torch.equal(x, value), (
-            f"{what} wrote to its argument {name}: kernels must not modify their inputs")
-
-
 @pytest.mark.parametrize("needs_grad_X", [True, False], ids=["needs_grad_X", "parameters_only"])
 def test_kernels_keep_the_contract(backend, lltm_device, lltm_dtype, needs_grad_X):
     """backend.forward and backend.backward called directly: what they return, and what they leave alone.
@@ -90,24 +51,24 @@ def test_kernels_keep_the_contract(backend, lltm_device, lltm_dtype, needs_grad_
     x, weights, bias, h, c = (t.detach() for t in make_inputs(B, I, S, dtype=lltm_dtype, device=lltm_device))
     forward_shapes, backward_shapes = _names_and_shapes(backend, B, I, S)
     forward_args = {"input": x, "weights": weights, "bias": bias, "old_h": h, "old_cell": c}
-    before = _snapshot(forward_args)
+    before = snapshot(forward_args)
     out = backend.forward(x, weights, bias, h, c)
-    _check_returned(f"{backend.name}.forward", out, forward_shapes, x, forward_args)
-    _check_untouched(f"{backend.name}.forward", forward_args, before)
+    check_returned(f"{backend.name}.forward", out, forward_shapes, x, forward_args)
+    check_untouched(f"{backend.name}.forward", forward_args, before)
 
     grads = {"grad_new_h": torch.randn_like(out[0]), "grad_new_cell": torch.randn_like(out[1])}
     saved = dict(zip(list(forward_shapes)[2:], out[2:]))
     backward_args = {**grads, "weights": weights, **saved}
-    before = _snapshot(backward_args)
+    before = snapshot(backward_args)
     got = backend.backward(grads["grad_new_h"], grads["grad_new_cell"], weights, *out[2:], needs_grad_X)
     if not needs_grad_X:
         backward_shapes["grad_X"] = None  # any empty tensor: checked below
-    _check_returned(f"{backend.name}.backward (needs_grad_X={needs_grad_X})", got, backward_shapes, x, backward_args)
+    check_returned(f"{backend.name}.backward (needs_grad_X={needs_grad_X})", got, backward_shapes, x, backward_args)
     if not needs_grad_X:
         assert got[0].numel() == 0, (
             f"{backend.name}.backward: with needs_grad_X=False, grad_X must be an empty tensor "
             f"(weights.new_empty(0)), got shape {tuple(got[0].shape)}")
-    _check_untouched(f"{backend.name}.backward", backward_args, before)
+    check_untouched(f"{backend.name}.backward", backward_args, before)
 
 
 def test_gradients_of_a_sum(backend, lltm_device, lltm_dtype):
@@ -120,13 +81,13 @@ def test_gradients_of_a_sum(backend, lltm_device, lltm_dtype):
     ref_inputs = [t.detach().double().requires_grad_() for t in inputs]
     want = torch.autograd.grad(sum(t.sum() for t in reference_lltm(*ref_inputs)), ref_inputs)
     errors = {f"grad_{name}": max_rel_error(g, w) for name, g, w in zip(GRAD_NAMES, got, want)}
-    _assert_close(errors, lltm_dtype, "gradients of new_h.sum() + new_cell.sum()")
+    assert_close(errors, lltm_dtype, "gradients of new_h.sum() + new_cell.sum()")
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "B{}-I{}-S{}".format(*s))
 def test_matches_reference(backend, lltm_device, lltm_dtype, shape):
     inputs = make_inputs(*shape, dtype=lltm_dtype, device=lltm_device)
-    _assert_close(compare_with_reference(backend.name, inputs), lltm_dtype, f"{backend.name} at B,I,S={shape}")
+    assert_close(compare_with_reference(backend.name, inputs), lltm_dtype, f"{backend.name} at B,I,S={shape}")
 
 
 @pytest.mark.parametrize("route", ["lltm", "operator"])
@@ -151,7 +112,7 @@ def test_one_output_used(backend, lltm_device, lltm_dtype, used, route):
     ref_inputs = [t.detach().double().requires_grad_() for t in inputs]
     want = torch.autograd.grad(reference_lltm(*ref_inputs)[index], ref_inputs, upstream.double())
     errors = {f"grad_{name}": max_rel_error(g, w) for name, g, w in zip(GRAD_NAMES, got, want)}
-    _assert_close(errors, lltm_dtype, f"only {used} used, through {route}")
+    assert_close(errors, lltm_dtype, f"only {used} used, through {route}")
 
 
 def test_only_parameters_need_gradients(backend, lltm_device, lltm_dtype):
@@ -167,7 +128,7 @@ def test_only_parameters_need_gradients(backend, lltm_device, lltm_dtype):
     want = torch.autograd.grad(reference_lltm(x.double(), *ref_params, h.double(), c.double()), ref_params,
                                [u.double() for u in upstream])
     errors = {name: max_rel_error(g, w) for name, g, w in zip(("grad_weights", "grad_bias"), got, want)}
-    _assert_close(errors, lltm_dtype, "only the parameters need gradients")
+    assert_close(errors, lltm_dtype, "only the parameters need gradients")
 
 
 def test_noncontiguous_inputs(backend, lltm_device, lltm_dtype):
@@ -191,7 +152,7 @@ def test_noncontiguous_inputs(backend, lltm_device, lltm_dtype):
     got = lltm_core.lltm(*strided, backend=backend.name)
     for g, w in zip(got, want):
         torch.testing.assert_close(g, w, rtol=0, atol=0)
-    _assert_close(compare_with_reference(backend.name, strided), lltm_dtype, "non-contiguous inputs")
+    assert_close(compare_with_reference(backend.name, strided), lltm_dtype, "non-contiguous inputs")
 
 
 def test_empty_batch(backend, lltm_device, lltm_dtype):
