@@ -25,6 +25,7 @@ import torch
 
 from . import LLTM, _registry
 from ._device import cuda_unavailable_reason
+from ._format import table
 from ._registry import BackendError
 from .testing import SeedLLTM, compare_with_reference, tolerance
 
@@ -320,8 +321,6 @@ def _fmt_x(d: dict) -> str:
 
 
 def format_table(results: list[Result]) -> str:
-    from .cli import _table
-
     # A FAILED or SKIPPED row says why in a column of its own, added only when there is one.
     notes = any(r.status != "ok" for r in results)
     rows = []
@@ -333,7 +332,7 @@ def format_table(results: list[Result]) -> str:
                      _fmt_x(r.speedup_vs_eager), _fmt_x(r.speedup_vs_compile)] + ([""] if notes else []))
     header = ["candidate", "device", "dtype", "size", "forward us: median (mean)", "backward us: median (mean)",
               "speed-up vs eager fwd / bwd", "vs torch.compile fwd / bwd"] + (["why not timed"] if notes else [])
-    return _table(rows, header)
+    return table(rows, header)
 
 
 def plot(results: list[Result], path: str) -> None:

@@ -12,6 +12,7 @@ import torch
 
 from . import INTERFACE_VERSION, __version__, _registry
 from ._device import cuda_unavailable_reason
+from ._format import table
 
 _DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 
@@ -60,12 +61,8 @@ def _environment_notes(backends: list[dict]) -> list[str]:
             f"(installed: {', '.join(known) or 'none'}); it hides nothing there"]
 
 
-def _table(rows: list[list[str]], header: list[str]) -> str:
-    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
-    fmt = "  ".join(f"{{:<{w}}}" for w in widths)
-    lines = [fmt.format(*header), fmt.format(*("-" * w for w in widths))]
-    lines += [fmt.format(*map(str, r)) for r in rows]
-    return "\n".join("  " + line.rstrip() for line in lines)
+# How LLTMLayer runs each backend: its own sequence kernels, or its step kernels looped by lltm-core.
+_SEQUENCE_KERNELS = {True: "own", False: "looped", None: ""}
 
 
 def print_info(data: dict) -> None:
@@ -83,13 +80,17 @@ def print_info(data: dict) -> None:
         rows = [
             [b["name"], b["distribution"], b["version"], b["status"],
              "" if b["priority"] is None else b["priority"],
-             ",".join(b["devices"] or []), ",".join(b["dtypes"] or []), b["reason"] or b["description"]]
+             ",".join(b["devices"] or []), ",".join(b["dtypes"] or []), _SEQUENCE_KERNELS[b["sequence_kernels"]],
+             b["reason"] or b["description"]]
             for b in data["backends"]
         ]
-        print(_table(rows, ["name", "distribution", "version", "status", "priority", "devices", "dtypes", "reason / description"]))
+        print(table(rows, ["name", "distribution", "version", "status", "priority", "devices", "dtypes", "sequence",
+                           "reason / description"]))
+        print("  (sequence: how LLTMLayer runs it; own = the backend's sequence kernels run the time loop, "
+              "looped = lltm-core loops its step kernels)")
     print("\nSelection (what lltm_core.lltm() uses when no backend is named):")
     rows = [[s["device"], s["dtype"], s["backend"] or "-", s["why"].replace("\n", " ")] for s in data["selection"]]
-    print(_table(rows, ["device", "dtype", "backend", "why"]))
+    print(table(rows, ["device", "dtype", "backend", "why"]))
     env = data["environment"]
     print("\nEnvironment: " + ", ".join(f"{k}={v if v is not None else '(unset)'}" for k, v in env.items()))
     for note in data["environment_notes"]:

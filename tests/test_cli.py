@@ -44,6 +44,14 @@ def test_info_json_reports_unavailable_backends_with_reasons(fake_backends, caps
     assert row["backend"] == "ref", row  # the fake distribution hides every other backend
 
 
+def test_info_says_which_backends_run_their_own_sequence_kernels(fake_backends, capsys):
+    fake_backends("lltm-fake", {"v1_only": "v1_only"})
+    assert main(["info"]) == 0
+    rows = {line.split()[0]: line.split() for line in capsys.readouterr().out.splitlines()
+            if line.split()[:1] in (["ref"], ["v1_only"])}
+    assert rows["ref"][7] == "own" and rows["v1_only"][7] == "looped", rows
+
+
 def test_bench_json_times_each_backend_beside_the_peers():
     out = _lltm("bench", "--json", "--iterations", "20", "--size", "3,4,5")
     assert out.returncode == 0, out.stderr
