@@ -115,9 +115,37 @@ def test_bench_says_why_cuda_cannot_be_benchmarked():
 
 
 def test_bench_runs_exactly_the_iterations_asked_for():
-    out = _lltm("bench", "--json", "--iterations", "15", "--no-compile", "--backend", "ref", "--size", "3,4,5")
+    out = _lltm("bench", "--json", "--iterations", "15", "--no-compile", "--backend", "ref", "--size", "3,4,5",
+                "--seq-len", "4")
     assert out.returncode == 0, out.stderr
-    assert {r["candidate"]: r["calls"] for r in json.loads(out.stdout)["results"]} == {"eager (seed module)": 15, "ref": 15}
+    calls = {(r["table"], r["candidate"]): r["calls"] for r in json.loads(out.stdout)["results"]}
+    best = lltm_core.get_backend().name  # the per-step loop runs the cell where lltm would
+    assert calls == {("cell", "eager (seed module)"): 15, ("cell", "ref"): 15, ("sequence", "nn.LSTM"): 15,
+                     ("sequence", f"LLTM per-step loop ({best})"): 15, ("sequence", "LLTMLayer (ref)"): 15}
+
+
+def test_bench_times_the_sequence_against_nn_lstm():
+    out = _lltm("bench", "--json", "--iterations", "10", "--table", "sequence", "--size", "3,4,5", "--seq-len", "6")
+    assert out.returncode == 0, out.stderr
+    rows = {r["candidate"]: r for r in json.loads(out.stdout)["results"]}
+    assert all(r["table"] == "sequence" and r["size"] == "T6 B3 I4 S5" for r in rows.values())
+    for name in lltm_core.available_backends():
+        r = rows[f"LLTMLayer ({name})"]
+        assert r["status"] == "ok" and r["calls"] == 10
+        assert r["forward_us"]["median"] > 0 and r["forward_backward_us"]["median"] > 0
+        assert r["speedup_vs_lstm"]["forward"] > 0 and r["speedup_vs_lstm"]["forward_backward"] > 0
+    assert rows["nn.LSTM"]["status"] == "ok" and not rows["nn.LSTM"]["speedup_vs_lstm"]
+
+
+def test_bench_reports_a_layer_that_disagrees_as_failing(fake_backends, capsys):
+    fake_backends("lltm-fake", {"seq_wrong": "seq_wrong"})
+    code = main(["bench", "--backend", "seq_wrong", "--iterations", "5", "--table", "sequence", "--size", "3,4,5",
+                 "--seq-len", "4"])
+    out = capsys.readouterr().out
+    assert code == 1
+    line = next(line for line in out.splitlines() if line.strip().startswith("LLTMLayer (seq_wrong)"))
+    assert "FAILED" in line and "grad_weights_l0 rel. error" in line, line
+    assert "nn.LSTM" in out
 
 
 def test_bench_goes_on_when_a_backend_raises_mid_run(fake_backends, capsys):
