@@ -266,3 +266,23 @@ def test_the_cell_starts_from_zeros_without_a_state():
         torch.testing.assert_close(got, want, rtol=0, atol=0)
     with pytest.raises(ValueError, match=r"takes input of shape \(batch, 3\), got \(4, 3, 1\)"):
         cell(torch.randn(B, I, 1))
+
+
+def test_differentiating_a_sequence_twice_is_refused_with_a_reason():
+    """create_graph=True gives the right gradients; differentiating them again raises lltm's error."""
+    inputs = make_sequence_inputs(3, 2, 3, 4, dtype=torch.float64)
+    got = lltm_core.lltm_sequence(*inputs, backend="ref")
+    grads = torch.autograd.grad(sum(t.sum() for t in got), inputs, create_graph=True)
+    want = torch.autograd.grad(sum(t.sum() for t in lltm_core.lltm_sequence(*inputs, backend="ref")), inputs)
+    for g, w in zip(grads, want):
+        torch.testing.assert_close(g, w, rtol=0, atol=0)
+    with pytest.raises(RuntimeError, match="lltm: double backward .* is not supported"):
+        sum(g.sum() for g in grads).backward()
+
+
+def test_forward_mode_ad_of_a_sequence_is_refused_with_a_reason():
+    import torch.autograd.forward_ad as fwAD
+
+    x, *rest = make_sequence_inputs(3, 2, 3, 4, requires_grad=False)
+    with fwAD.dual_level(), pytest.raises(RuntimeError, match="lltm: forward-mode AD .* is not supported"):
+        lltm_core.lltm_sequence(fwAD.make_dual(x, torch.randn_like(x)), *rest, backend="ref")
