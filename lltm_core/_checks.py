@@ -45,9 +45,7 @@ def check_lltm_args(input, weights, bias, old_h, old_cell) -> None:
 def _raise_for(input, weights, bias, old_h, old_cell) -> None:
     """Find the first problem and raise an error that names the argument."""
     args = (input, weights, bias, old_h, old_cell)
-    for name, t in zip(NAMES, args):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"lltm(): {name} must be a torch.Tensor, got {type(t).__name__}")
+    _require_tensors("lltm()", zip(NAMES, args))
     if input.dim() != 2:
         raise ValueError(f"lltm(): input must be 2-D (batch, input_features), got shape {_shape(input)}")
     if old_h.dim() != 2:
@@ -60,15 +58,24 @@ def _raise_for(input, weights, bias, old_h, old_cell) -> None:
         "old_h": (B, S),
         "old_cell": (B, S),
     }
-    for name, t in zip(NAMES[1:], args[1:]):
+    _check_shapes("lltm()", zip(NAMES[1:], args[1:]), expected, S,
+                  f"input of shape {_shape(input)} (batch={B}, input_features={I}) and state_size={S} (from old_h)")
+    _check_dtypes_and_devices("lltm()", zip(NAMES, args))
+
+
+def _require_tensors(caller: str, named_tensors) -> None:
+    for name, t in named_tensors:
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{caller}: {name} must be a torch.Tensor, got {type(t).__name__}")
+
+
+def _check_shapes(caller: str, named_tensors, expected: dict, S: int, context: str) -> None:
+    """Each tensor has its ``expected`` shape; bias may also be (1, 3S), as pytorch/extension-cpp passes it."""
+    for name, t in named_tensors:
         want = expected[name]
         if t.shape != want and not (name == "bias" and t.shape == (1, 3 * S)):
             also = f" or {(1, 3 * S)}" if name == "bias" else ""
-            raise ValueError(
-                f"lltm(): {name} has shape {_shape(t)}, expected {want}{also} for input of shape "
-                f"{_shape(input)} (batch={B}, input_features={I}) and state_size={S} (from old_h)"
-            )
-    _check_dtypes_and_devices("lltm()", zip(NAMES, args))
+            raise ValueError(f"{caller}: {name} has shape {_shape(t)}, expected {want}{also} for {context}")
 
 
 def _check_dtypes_and_devices(caller: str, named_tensors) -> None:
@@ -98,9 +105,7 @@ def check_sequence_args(input, weights, bias, h0, c0, lengths, reverse, *, check
     """
     caller = "lltm_sequence()"
     args = (input, weights, bias, h0, c0)
-    for name, t in zip(SEQUENCE_NAMES, args):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{caller}: {name} must be a torch.Tensor, got {type(t).__name__}")
+    _require_tensors(caller, zip(SEQUENCE_NAMES, args))
     if input.dim() != 3:
         raise ValueError(f"{caller}: input must be 3-D (time, batch, input_features), got shape {_shape(input)}")
     if h0.dim() != 2:
@@ -110,14 +115,9 @@ def check_sequence_args(input, weights, bias, h0, c0, lengths, reverse, *, check
     if T == 0:
         raise ValueError(f"{caller}: input has 0 time steps (shape {_shape(input)}); a sequence needs at least one")
     expected = {"weights": (3 * S, S + I), "bias": (3 * S,), "h0": (B, S), "c0": (B, S)}
-    for name, t in zip(SEQUENCE_NAMES[1:], args[1:]):
-        want = expected[name]
-        if t.shape != want and not (name == "bias" and t.shape == (1, 3 * S)):
-            also = f" or {(1, 3 * S)}" if name == "bias" else ""
-            raise ValueError(
-                f"{caller}: {name} has shape {_shape(t)}, expected {want}{also} for input of shape "
-                f"{_shape(input)} (time={T}, batch={B}, input_features={I}) and state_size={S} (from h0)"
-            )
+    _check_shapes(caller, zip(SEQUENCE_NAMES[1:], args[1:]), expected, S,
+                  f"input of shape {_shape(input)} (time={T}, batch={B}, input_features={I}) and state_size={S} "
+                  f"(from h0)")
     _check_dtypes_and_devices(caller, zip(SEQUENCE_NAMES, args))
     if not isinstance(reverse, bool):
         raise TypeError(f"{caller}: reverse must be a bool, got {type(reverse).__name__}")
