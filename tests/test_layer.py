@@ -286,3 +286,12 @@ def test_forward_mode_ad_of_a_sequence_is_refused_with_a_reason():
     x, *rest = make_sequence_inputs(3, 2, 3, 4, requires_grad=False)
     with fwAD.dual_level(), pytest.raises(RuntimeError, match="lltm: forward-mode AD .* is not supported"):
         lltm_core.lltm_sequence(fwAD.make_dual(x, torch.randn_like(x)), *rest, backend="ref")
+
+
+def test_torch_export_gives_one_sequence_operator_per_layer_and_direction():
+    layer = lltm_core.LLTMLayer(I, S, 2, bidirectional=True, backend="ref")
+    x = torch.randn(T, B, I)
+    exported = torch.export.export(layer, (x,))
+    ops = [str(n.target) for n in exported.graph.nodes if str(n.target).startswith("lltm.")]
+    assert ops == ["lltm.ref_sequence_forward.default"] * 4, ops
+    torch.testing.assert_close(exported.module()(x)[0], layer(x)[0], rtol=0, atol=0)
