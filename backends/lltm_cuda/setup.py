@@ -1,8 +1,15 @@
 """Build lltm-cuda: the LLTM's pointwise math as fused CUDA kernels, GEMMs through cuBLAS.
 
-What decides whether it builds is the toolchain: the CUDA toolkit (CUDA_HOME or
-nvcc on PATH) and a CUDA build of torch with the same CUDA major version.  A
-visible GPU plays no part, so wheels build on GPU-less machines and CI.
+What decides whether it builds is the toolchain: the CUDA toolkit and a CUDA
+build of torch with the same CUDA major version.  A visible GPU plays no part,
+so wheels build on GPU-less machines and CI.
+
+The toolkit is CUDA_HOME (or CUDA_PATH) when set.  Otherwise torch guesses the
+grandparent of the nvcc on PATH, which is wrong when that nvcc is a wrapper
+script or a symbolic link (/usr/local/bin/nvcc gives /usr/local); then this
+looks at the nvcc the wrapper runs, and at CUDA's usual install folders, before
+it gives up.  The root used is printed (`pip install -v` shows it) and recorded
+in lltm_cuda/_build_info.py.
 
 TORCH_CUDA_ARCH_LIST picks the GPU architectures (default: Ampere and Hopper,
 plus PTX that newer GPUs compile at load time).
@@ -10,15 +17,20 @@ plus PTX that newer GPUs compile at load time).
 
 from __future__ import annotations
 
+import glob
 import os
 import re
+import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 # One version for every lltm distribution: the repository's VERSION file.
 VERSION = (HERE.parents[1] / "VERSION").read_text().strip()
 DEFAULT_ARCH_LIST = "8.0;9.0+PTX"
+# Where CUDA's installers put toolkits, looked at in this order (newest release first within a glob).
+CONVENTIONAL_ROOTS = ("/usr/local/cuda", "/usr/local/cuda-*", "/opt/cuda")
 
 
 def nvcc_release(cuda_home: str) -> str | None:
@@ -31,6 +43,82 @@ def nvcc_release(cuda_home: str) -> str | None:
         return None
     found = re.search(r"release (\d+\.\d+)", out)
     return found.group(1) if found else None
+
+
+def is_toolkit_root(path: str | None) -> bool:
+    """Whether ``path`` is a CUDA toolkit's root: an executable bin/nvcc and include/cuda_runtime.h."""
+    if not path:
+        return False
+    nvcc = Path(path, "bin", "nvcc")
+    return nvcc.is_file() and os.access(nvcc, os.X_OK) and Path(path, "include", "cuda_runtime.h").is_file()
+
+
+def nvccs_behind(nvcc: str) -> list[tuple[str, str]]:
+    """[(path, how)] of the real nvcc that the nvcc on PATH stands for: itself, symbolic links
+    resolved, and, for a shell script that runs another nvcc (``exec /usr/local/cuda-13.0/bin/nvcc
+    "$@"``), each absolute .../bin/nvcc path the script names."""
+    real = os.path.realpath(nvcc)
+    found = [(real, f"the nvcc on PATH, {nvcc}" + (f" (a link to {real})" if real != nvcc else ""))]
+    try:
+        with open(nvcc, "rb") as f:
+            head = f.read(64 * 1024)
+    except OSError:
+        return found
+    if head.startswith(b"#!"):
+        for match in re.finditer(rb"(/[^\s'\"`;|&<>()$]*/bin/nvcc)(?![\w.-])", head):
+            named = match.group(1).decode(errors="replace")
+            found.append((os.path.realpath(named), f"the nvcc that the wrapper script {nvcc} runs, {named}"))
+    return found
+
+
+def _release_key(path: str) -> tuple[int, ...]:
+    """(13, 0) for /usr/local/cuda-13.0: sorts the globbed toolkits newest first."""
+    numbers = re.findall(r"\d+", Path(path).name)
+    return tuple(int(n) for n in numbers) or (-1,)
+
+
+def find_cuda_home(explicit: tuple[str, str] | None, torch_guess: str | None, nvcc_on_path: str | None,
+                   torch_cuda: str | None = None, release=None,
+                   conventional=CONVENTIONAL_ROOTS) -> tuple[str | None, str]:
+    """(the toolkit root to build with, why that one): what lltm-cuda builds against.
+
+    ``explicit`` is ("CUDA_HOME", value) when the user set one: used as it is (a wrong one is
+    reported, never overridden).  ``torch_guess`` is torch's CUDA_HOME, ``nvcc_on_path`` what
+    ``shutil.which("nvcc")`` gives.  When torch's guess is no toolkit root the candidates are the
+    nvcc the one on PATH stands for, then ``conventional`` (globs allowed, newest release first);
+    of the toolkit roots among them the first whose nvcc ``release(root)`` has torch's CUDA major
+    version wins, else the first.  If there is none, torch's guess stays (the build then stops
+    with its problem) and the reason names every place looked at.
+    """
+    if explicit is not None:
+        return explicit[1], f"{explicit[0]} is set"
+    if is_toolkit_root(torch_guess):
+        return torch_guess, "torch's guess" + (f" from the nvcc on PATH, {nvcc_on_path}" if nvcc_on_path else "")
+    candidates = []  # (root, how it was found), in order of preference
+    if nvcc_on_path:
+        candidates += [(os.path.dirname(os.path.dirname(path)), how) for path, how in nvccs_behind(nvcc_on_path)]
+    empty_patterns = []
+    for pattern in conventional:
+        roots = sorted(glob.glob(pattern), key=_release_key, reverse=True)
+        candidates += [(root, "a usual place for CUDA") for root in roots]
+        if not roots:
+            empty_patterns.append(pattern)
+    toolkits, looked = {}, []
+    for root, how in candidates:
+        if root in toolkits or root in looked:
+            continue
+        if is_toolkit_root(root):
+            toolkits[root] = how
+        else:
+            looked.append(root)
+    guessed = f"torch guessed {torch_guess}, which is no toolkit root" if torch_guess else "torch found no toolkit"
+    if not toolkits:
+        return torch_guess, f"{guessed}, and none is in {', '.join(looked + empty_patterns)}"
+    roots = list(toolkits)
+    if torch_cuda and release is not None:
+        major = torch_cuda.split(".")[0]
+        roots = [r for r in roots if (release(r) or "").split(".")[0] == major] or roots
+    return roots[0], f"{toolkits[roots[0]]}; {guessed}"
 
 
 def toolchain_problems(torch_version: str, torch_cuda: str | None, cuda_home: str | None, nvcc: str | None) -> list[str]:
@@ -74,13 +162,14 @@ def toolchain_problems(torch_version: str, torch_cuda: str | None, cuda_home: st
     return problems
 
 
-def build_info(torch_version: str, arch_list: str) -> str:
+def build_info(torch_version: str, arch_list: str, cuda_home: str = "") -> str:
     # Read by lltm_cuda at import, before it loads the compiled library: an
     # extension built for another torch must be reported, not loaded.
     return (
         "# Written by setup.py beside the library it built: what lltm_cuda._C was compiled against.\n"
         f"TORCH_VERSION = {torch_version!r}\n"
         f"ARCH_LIST = {arch_list!r}\n"
+        f"CUDA_HOME = {cuda_home!r}\n"
     )
 
 
@@ -92,7 +181,9 @@ def main() -> None:
 
     # A CPU-only torch leaves CUDA_HOME unset even where a toolkit is installed;
     # look for it by torch's own rules so the error names the real problem.
-    cuda_home = CUDA_HOME or cpp_extension._find_cuda_home()
+    explicit = next(((name, os.environ[name]) for name in ("CUDA_HOME", "CUDA_PATH") if os.environ.get(name)), None)
+    cuda_home, how = find_cuda_home(explicit, CUDA_HOME or cpp_extension._find_cuda_home(), shutil.which("nvcc"),
+                                    torch.version.cuda, nvcc_release)
     problems = toolchain_problems(
         torch.__version__, torch.version.cuda, cuda_home, nvcc_release(cuda_home) if cuda_home else None
     )
@@ -100,13 +191,19 @@ def main() -> None:
         raise SystemExit(
             "lltm-cuda cannot be built here:\n"
             + "".join(f"  - {p}\n" for p in problems)
+            + (f"  (toolkit root: {how})\n" if explicit is None else "")
             + "(Building needs the CUDA toolkit and a CUDA build of torch, not a GPU.)"
         )
+    # torch read CUDA_HOME into a module global when it was imported: the root found here must
+    # be what it compiles and links with, and what any subprocess (ninja, nvcc) inherits.
+    os.environ["CUDA_HOME"] = cuda_home
+    cpp_extension.CUDA_HOME = cuda_home
+    print(f"lltm-cuda: building with the CUDA toolkit at {cuda_home} ({how})", file=sys.stderr, flush=True)
     # An empty TORCH_CUDA_ARCH_LIST counts as unset here, as it does for torch (which would then
     # build for the visible GPU and leave the record saying '').
     if not os.environ.get("TORCH_CUDA_ARCH_LIST", "").strip():
         os.environ["TORCH_CUDA_ARCH_LIST"] = DEFAULT_ARCH_LIST
-    info = build_info(torch.__version__, os.environ["TORCH_CUDA_ARCH_LIST"])
+    info = build_info(torch.__version__, os.environ["TORCH_CUDA_ARCH_LIST"], cuda_home)
 
     class BuildExtensionWithInfo(BuildExtension):
         """Writes _build_info.py beside the library it has just linked (build/lib for a wheel, the

@@ -1,6 +1,8 @@
-"""setup.py's toolchain check: what a machine that cannot build lltm-cuda is told.
+"""setup.py's toolchain check: which CUDA toolkit it builds with, and what a machine that cannot
+build lltm-cuda is told.
 
-GPU-free and independent of whether lltm-cuda is installed.
+GPU-free, with fake toolkits in temporary folders (no real nvcc), and independent of whether
+lltm-cuda is installed.
 """
 
 from __future__ import annotations
@@ -91,3 +93,117 @@ def test_setup_py_stops_with_the_reason(tmp_path):
     assert result.returncode != 0
     assert "lltm-cuda cannot be built here" in result.stderr
     assert f"CUDA_HOME={tmp_path} has no working bin/nvcc" in result.stderr
+
+
+# --- finding the toolkit when CUDA_HOME is unset ------------------------------
+
+
+def _fake_toolkit(root: Path, release: str = "13.0") -> str:
+    """A folder laid out like a CUDA toolkit's root, whose bin/nvcc prints ``release``."""
+    (root / "include").mkdir(parents=True)
+    (root / "include" / "cuda_runtime.h").touch()
+    (root / "bin").mkdir()
+    nvcc = root / "bin" / "nvcc"
+    nvcc.write_text(f"#!/bin/sh\necho 'Cuda compilation tools, release {release}, V{release}.88'\n")
+    nvcc.chmod(0o755)
+    return str(root)
+
+
+def _wrapper(folder: Path, script: str) -> str:
+    """An nvcc on PATH that is a shell script, as /usr/local/bin/nvcc is on this project's machines."""
+    (folder / "bin").mkdir(parents=True)
+    nvcc = folder / "bin" / "nvcc"
+    nvcc.write_text(script)
+    nvcc.chmod(0o755)
+    return str(nvcc)
+
+
+def test_an_explicit_cuda_home_is_used_as_given(setup_py, tmp_path):
+    # Even a wrong one: the user chose it, and toolchain_problems says what is wrong with it.
+    root, how = setup_py.find_cuda_home(("CUDA_HOME", str(tmp_path)), "/usr/local", None)
+    assert (root, how) == (str(tmp_path), "CUDA_HOME is set")
+
+
+def test_torchs_guess_is_kept_when_it_is_a_toolkit(setup_py, tmp_path):
+    toolkit = _fake_toolkit(tmp_path / "cuda-13.0")
+    root, how = setup_py.find_cuda_home(None, toolkit, f"{toolkit}/bin/nvcc", conventional=())
+    assert root == toolkit and how.startswith("torch's guess")
+
+
+def test_the_nvcc_a_wrapper_script_runs(setup_py, tmp_path):
+    """/usr/local/bin/nvcc = `exec /usr/local/cuda-13.0/bin/nvcc "$@"`: torch guesses /usr/local."""
+    toolkit = _fake_toolkit(tmp_path / "cuda-13.0")
+    wrapper = _wrapper(tmp_path / "local", f'#!/bin/sh\nexec {toolkit}/bin/nvcc "$@"\n')
+    root, how = setup_py.find_cuda_home(None, str(tmp_path / "local"), wrapper, conventional=())
+    assert root == toolkit
+    assert f"the wrapper script {wrapper} runs" in how and f"torch guessed {tmp_path / 'local'}" in how
+
+
+def test_a_wrapper_naming_other_paths_too(setup_py, tmp_path):
+    # Only a path ending in /bin/nvcc that is a toolkit's counts; the rest of the script is ignored.
+    toolkit = _fake_toolkit(tmp_path / "cuda")
+    script = (f'#!/bin/bash\n# see /etc/nvcc.conf\nLOG=/tmp/nvcc.log\nexport PATH=/opt/bin:$PATH\n'
+              f'exec "{toolkit}/bin/nvcc" "$@" 2>>"$LOG"\n')
+    wrapper = _wrapper(tmp_path / "local", script)
+    assert setup_py.find_cuda_home(None, str(tmp_path / "local"), wrapper, conventional=())[0] == toolkit
+
+
+def test_a_symbolic_link_to_nvcc(setup_py, tmp_path):
+    toolkit = _fake_toolkit(tmp_path / "cuda-13.0")
+    (tmp_path / "usr" / "bin").mkdir(parents=True)
+    link = tmp_path / "usr" / "bin" / "nvcc"
+    link.symlink_to(Path(toolkit, "bin", "nvcc"))
+    root, how = setup_py.find_cuda_home(None, str(tmp_path / "usr"), str(link), conventional=())
+    assert root == toolkit and "a link to" in how
+
+
+def test_the_usual_install_locations(setup_py, tmp_path):
+    """No nvcc on PATH at all: the newest of the globbed toolkits, unless torch wants another major."""
+    old = _fake_toolkit(tmp_path / "cuda-12.4", "12.4")
+    new = _fake_toolkit(tmp_path / "cuda-13.0", "13.0")
+    (tmp_path / "cuda-11.8").mkdir()  # an empty leftover folder is no toolkit
+    conventional = (str(tmp_path / "cuda"), str(tmp_path / "cuda-*"))
+    root, how = setup_py.find_cuda_home(None, None, None, conventional=conventional)
+    assert root == new and "a usual place for CUDA" in how and "torch found no toolkit" in how
+    root, _ = setup_py.find_cuda_home(None, None, None, "12.6", setup_py.nvcc_release, conventional=conventional)
+    assert root == old  # torch built with CUDA 12: the 12.x toolkit, not the newest
+    root, _ = setup_py.find_cuda_home(None, None, None, "11.8", setup_py.nvcc_release, conventional=conventional)
+    assert root == new  # none matches: the first found, and toolchain_problems reports the mismatch
+
+
+def test_the_wrapper_comes_before_the_usual_locations(setup_py, tmp_path):
+    usual = _fake_toolkit(tmp_path / "cuda")
+    chosen = _fake_toolkit(tmp_path / "opt" / "cuda-13.1", "13.1")
+    wrapper = _wrapper(tmp_path / "local", f"#!/bin/sh\nexec {chosen}/bin/nvcc \"$@\"\n")
+    root, _ = setup_py.find_cuda_home(None, str(tmp_path / "local"), wrapper, "13.0", setup_py.nvcc_release,
+                                      conventional=(usual,))
+    assert root == chosen
+
+
+def test_no_toolkit_anywhere(setup_py, tmp_path):
+    """Nothing found: torch's guess stays, so the build stops with its problem, naming where it looked."""
+    wrapper = _wrapper(tmp_path / "local", "#!/bin/sh\nexec /nonexistent/cuda/bin/nvcc \"$@\"\n")
+    conventional = (str(tmp_path / "cuda"), str(tmp_path / "cuda-*"))
+    root, how = setup_py.find_cuda_home(None, str(tmp_path / "local"), wrapper, conventional=conventional)
+    assert root == str(tmp_path / "local")
+    assert str(tmp_path / "cuda-*") in how and "/nonexistent/cuda" in how
+    (problem,) = setup_py.toolchain_problems("2.14.1+cu130", "13.0", root, "13.0")
+    assert "is not a CUDA toolkit's root" in problem
+    assert setup_py.find_cuda_home(None, None, None, conventional=conventional)[0] is None
+
+
+def test_setup_py_builds_with_the_toolkit_behind_a_wrapper(tmp_path):
+    """The whole of setup.py with CUDA_HOME unset and a wrapper nvcc first on PATH: it reports
+    the toolkit the wrapper runs as the one it builds with (`--version` stops before compiling)."""
+    torch = pytest.importorskip("torch")
+    if torch.version.cuda is None:
+        pytest.skip("needs a CUDA build of torch (a CPU-only one stops setup.py before the toolkit matters)")
+    toolkit = _fake_toolkit(tmp_path / "cuda-x", torch.version.cuda)
+    _wrapper(tmp_path / "local", f'#!/bin/sh\nexec {toolkit}/bin/nvcc "$@"\n')
+    env = {k: v for k, v in os.environ.items() if k not in ("CUDA_HOME", "CUDA_PATH")}
+    env["PATH"] = f"{tmp_path / 'local' / 'bin'}{os.pathsep}{env.get('PATH', '')}"
+    result = subprocess.run(
+        [sys.executable, str(SETUP_PY), "--version"], cwd=SETUP_PY.parent, env=env, capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stderr
+    assert f"lltm-cuda: building with the CUDA toolkit at {toolkit} (the nvcc that the wrapper script" in result.stderr
