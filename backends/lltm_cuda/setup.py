@@ -239,7 +239,8 @@ def main() -> None:
         ext_modules=[
             CUDAExtension(
                 "lltm_cuda._C",
-                ["csrc/lltm.cpp", "csrc/cuda/lltm_kernels.cu"],
+                ["csrc/lltm.cpp", "csrc/cuda/lltm_kernels.cu", "csrc/cuda/lltm_sequence.cu"],
+                depends=["csrc/cuda/lltm_common.cuh"],
                 extra_compile_args={"cxx": ["-O3"], "nvcc": ["-O3"]},
                 # No pybind11 (ops register through TORCH_LIBRARY), so the
                 # library needs only the stable Python ABI: one abi3 wheel.

@@ -1,5 +1,6 @@
 // The operator schemas of lltm-cuda, and the empty Python module whose import loads them.
-// The CUDA implementations are registered in cuda/lltm_kernels.cu.
+// The CUDA implementations are registered in cuda/lltm_kernels.cu (the step) and
+// cuda/lltm_sequence.cu (a whole sequence).
 #include <Python.h>
 #include <torch/library.h>
 
@@ -11,7 +12,8 @@ PyMODINIT_FUNC PyInit__C(void) {
   return PyModule_Create(&module_def);
 }
 
-// The saved tensors (X, gates, tanh_cell) are the ones lltm_cuda.saved_layout declares.
+// The saved tensors (X, gates, tanh_cell; for a sequence gates, tanh_cell) are the ones
+// lltm_cuda.saved_layout and lltm_cuda.sequence_saved_layout declare.
 TORCH_LIBRARY(lltm_cuda, m) {
   m.def(
       "forward(Tensor input, Tensor weights, Tensor bias, Tensor old_h, Tensor old_cell) "
@@ -20,4 +22,12 @@ TORCH_LIBRARY(lltm_cuda, m) {
       "backward(Tensor grad_h, Tensor grad_cell, Tensor weights, Tensor X, Tensor gates, Tensor tanh_cell, "
       "bool needs_grad_X) "
       "-> (Tensor grad_X, Tensor grad_weights, Tensor grad_bias, Tensor grad_old_cell)");
+  m.def(
+      "sequence_forward(Tensor input, Tensor weights, Tensor bias, Tensor h0, Tensor c0, Tensor? lengths, "
+      "bool reverse) -> (Tensor output, Tensor h_n, Tensor c_n, Tensor gates, Tensor tanh_cell)");
+  m.def(
+      "sequence_backward(Tensor grad_output, Tensor grad_h_n, Tensor grad_c_n, Tensor weights, Tensor input, "
+      "Tensor h0, Tensor output, Tensor? lengths, Tensor gates, Tensor tanh_cell, bool reverse, "
+      "bool needs_grad_input) "
+      "-> (Tensor grad_input, Tensor grad_weights, Tensor grad_bias, Tensor grad_h0, Tensor grad_c0)");
 }

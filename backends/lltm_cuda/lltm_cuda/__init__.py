@@ -1,8 +1,10 @@
 """lltm-cuda: the LLTM on CUDA, with one fused pointwise kernel per direction.
 
 The GEMMs go through cuBLAS (ATen's addmm/mm); the kernels live in
-``csrc/cuda/lltm_kernels.cu`` and are registered as ``torch.ops.lltm_cuda.*``
-when the compiled library ``lltm_cuda._C`` is imported.  Nothing is loaded at
+``csrc/cuda/lltm_kernels.cu`` (one step) and ``csrc/cuda/lltm_sequence.cu``
+(a whole sequence, the time loop in C++: contract version 2) and are
+registered as ``torch.ops.lltm_cuda.*`` when the compiled library
+``lltm_cuda._C`` is imported.  Nothing is loaded at
 ``import lltm_cuda``: :func:`load_backend`, called by lltm-core, first checks
 that the library can run here and reports why not instead of crashing.
 """
@@ -13,7 +15,7 @@ import torch
 
 from . import _build_info
 
-__all__ = ["saved_layout", "unavailable_reason", "load_backend"]
+__all__ = ["saved_layout", "sequence_saved_layout", "unavailable_reason", "load_backend"]
 
 DISTRIBUTION = "lltm-cuda"
 
@@ -25,6 +27,15 @@ def saved_layout(batch: int, input_features: int, state_size: int) -> dict:
         "X": (batch, state_size + input_features),  # cat([old_h, input]), for grad_weights
         "gates": (batch, 3 * state_size),  # pre-activation gates; the backward recomputes i, o, elu(z)
         "tanh_cell": (batch, state_size),  # tanh(new_cell)
+    }
+
+
+def sequence_saved_layout(steps: int, batch: int, input_features: int, state_size: int) -> dict:
+    # csrc/cuda/lltm_sequence.cu explains the choice: (5S + I)·T·B elements with the input and
+    # output lltm-core holds, under the contract's (6S + I)·T·B.
+    return {
+        "gates": (steps, batch, 3 * state_size),  # per step, before activation: the GEMMs' own output
+        "tanh_cell": (steps, batch, state_size),  # per step tanh(c_t)
     }
 
 
@@ -97,9 +108,11 @@ def load_backend():
     reason = unavailable_reason()
     if reason is None:
         # The registered C++ operators themselves: no Python frame per call.
-        forward, backward = torch.ops.lltm_cuda.forward.default, torch.ops.lltm_cuda.backward.default
+        ops = torch.ops.lltm_cuda
+        forward, backward = ops.forward.default, ops.backward.default
+        sequence_forward, sequence_backward = ops.sequence_forward.default, ops.sequence_backward.default
     else:
-        forward = backward = unavailable_kernel("cuda", reason)
+        forward = backward = sequence_forward = sequence_backward = unavailable_kernel("cuda", reason)
     return Backend(
         name="cuda",
         forward=forward,
@@ -109,7 +122,10 @@ def load_backend():
         # float16 and bfloat16 are stored as such and computed in float32.
         dtypes=frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64}),
         priority=100,
-        interface_versions=(1,),
+        interface_versions=(1, 2),
         availability=lambda: reason,
         description=f"fused CUDA kernels + cuBLAS (built for torch {_build_info.TORCH_VERSION}, arch {_build_info.ARCH_LIST})",
+        sequence_forward=sequence_forward,
+        sequence_backward=sequence_backward,
+        sequence_saved_layout=sequence_saved_layout,
     )

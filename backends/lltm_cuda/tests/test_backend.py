@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from importlib import metadata
 
 import pytest
@@ -30,7 +31,17 @@ def test_backend_metadata():
     assert backend.devices == {"cuda"}
     assert backend.dtypes == {torch.float16, torch.bfloat16, torch.float32, torch.float64}
     assert lltm_core.INTERFACE_VERSION in backend.interface_versions
+    assert backend.interface_versions == (1, 2)
     assert backend.saved_layout(2, 3, 5) == {"X": (2, 8), "gates": (2, 15), "tanh_cell": (2, 5)}
+    assert backend.has_sequence_kernels
+    assert backend.sequence_saved_layout(7, 2, 3, 5) == {"gates": (7, 2, 15), "tanh_cell": (7, 2, 5)}
+
+
+@pytest.mark.parametrize("T, B, I, S", [(1, 1, 1, 1), (64, 16, 32, 128), (3, 5, 1024, 7)])
+def test_sequence_saves_within_the_bound(T, B, I, S):
+    """The contract allows (6S + I)·T·B saved elements counting the input and output lltm-core holds."""
+    saved = sum(math.prod(shape) for shape in lltm_cuda.sequence_saved_layout(T, B, I, S).values())
+    assert saved + (I + S) * T * B <= (6 * S + I) * T * B
 
 
 def _fake_runtime(monkeypatch, *, version=None, cuda="13.0", device=True, load_error=None, capability=None):
@@ -118,5 +129,6 @@ def test_unavailable_kernels_say_why(monkeypatch):
     _fake_runtime(monkeypatch, device=False)
     backend = lltm_cuda.load_backend()
     assert backend.availability() == lltm_cuda.unavailable_reason()
-    with pytest.raises(RuntimeError, match="no CUDA device visible"):
-        backend.forward()
+    for kernel in (backend.forward, backend.backward, backend.sequence_forward, backend.sequence_backward):
+        with pytest.raises(RuntimeError, match="no CUDA device visible"):
+            kernel()

@@ -13,6 +13,8 @@
 // (new_cell is an output and outputs may not alias) and cannot be rebuilt
 // without a copy of old_cell: writing tanh(new_cell), S values per row, is
 // the cheapest way to keep it, and spares the backward a tanh.
+#include "lltm_common.cuh"
+
 #include <ATen/Dispatch.h>
 #include <ATen/OpMathType.h>
 #include <ATen/core/Tensor.h>
@@ -26,56 +28,11 @@
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
-#include <algorithm>
-#include <cmath>
-#include <cstdint>
-#include <initializer_list>
 #include <tuple>
-#include <type_traits>
 
 namespace {
 
-constexpr int kThreadsPerBlock = 256;
-constexpr int kVectorBytes = 16;  // the widest single load/store a thread can issue
-
-// VEC consecutive elements moved as one aligned access.
-template <typename T, int VEC>
-struct alignas(sizeof(T) * VEC) Vec {
-  T v[VEC];
-};
-
-template <int VEC, typename T>
-__device__ __forceinline__ Vec<T, VEC> load(const T* p) {
-  return *reinterpret_cast<const Vec<T, VEC>*>(p);
-}
-
-template <int VEC, typename T>
-__device__ __forceinline__ void store(T* p, const Vec<T, VEC>& value) {
-  *reinterpret_cast<Vec<T, VEC>*>(p) = value;
-}
-
-// Math in T itself (float or double): no float literal or float-only function
-// may round a double computation, or float64 gradcheck fails.
-template <typename T>
-__device__ __forceinline__ T sigmoid(T x) {
-  return T(1) / (T(1) + std::exp(-x));
-}
-
-template <typename T>
-__device__ __forceinline__ T elu(T x) {
-  return x > T(0) ? x : std::expm1(x);
-}
-
-template <typename T>
-__device__ __forceinline__ T elu_derivative(T x) {
-  return x > T(0) ? T(1) : std::exp(x);
-}
-
-// Element e = row * S + col of a (B, S) tensor sits at gates[row * 3S + col]
-// in the first gate chunk (+S, +2S for the others).
-__device__ __forceinline__ int64_t gate_offset(int64_t e, int64_t state_size) {
-  return e + 2 * (e / state_size) * state_size;
-}
+using namespace lltm_cuda;
 
 // Thread t handles elements [t*VEC, t*VEC + VEC), then strides by the whole
 // grid.  When VEC > 1, S is a multiple of VEC, so a vector never crosses a row.
@@ -142,66 +99,6 @@ __global__ void lltm_backward_kernel(
     store<VEC>(d_gates + g + 2 * state_size, d_z);
     store<VEC>(grad_old_cell + e, d_cell_out);
   }
-}
-
-// One full wave: as many blocks as fit on the GPU at once at this kernel's
-// occupancy (its register use decides it), so no partial second wave idles
-// part of the chip; the grid-stride loops cover the rest of the work.
-template <typename Kernel>
-int64_t grid_size(Kernel kernel, int64_t work_items) {
-  int device = 0, multiprocessors = 0, blocks_per_multiprocessor = 0;
-  C10_CUDA_CHECK(cudaGetDevice(&device));
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&multiprocessors, cudaDevAttrMultiProcessorCount, device));
-  const int64_t needed = (work_items + kThreadsPerBlock - 1) / kThreadsPerBlock;
-  if (needed <= multiprocessors) {
-    return needed;  // one block per multiprocessor at most: no need to ask (and pay for) the occupancy
-  }
-  C10_CUDA_CHECK(
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_multiprocessor, kernel, kThreadsPerBlock, 0));
-  return std::min(needed, int64_t(multiprocessors) * blocks_per_multiprocessor);
-}
-
-// Calls launch(std::integral_constant<int, VEC>) with VEC = 16 bytes of
-// elements when S is a multiple of that and every pointer is 16-byte aligned
-// (an input may be a view at an odd offset), else with VEC = 1.
-template <typename scalar_t, typename Launch>
-void launch_pointwise(int64_t numel, int64_t state_size, std::initializer_list<const void*> pointers, Launch&& launch) {
-  constexpr int kVec = kVectorBytes / sizeof(scalar_t);
-  if (numel == 0) {
-    return;
-  }
-  const bool aligned = state_size % kVec == 0 && std::all_of(pointers.begin(), pointers.end(), [](const void* p) {
-                         return reinterpret_cast<std::uintptr_t>(p) % kVectorBytes == 0;
-                       });
-  if (aligned) {
-    launch(std::integral_constant<int, kVec>{});
-  } else {
-    launch(std::integral_constant<int, 1>{});
-  }
-}
-
-struct Arg {
-  const at::Tensor& tensor;
-  const char* name;
-};
-
-// lltm-core checks every call before it gets here; these checks keep direct
-// calls of torch.ops.lltm_cuda.* from reading out of bounds.
-void check_args(const char* op, std::initializer_list<Arg> args) {
-  const at::Tensor& first = args.begin()->tensor;
-  for (const Arg& arg : args) {
-    TORCH_CHECK(arg.tensor.is_cuda(), op, ": ", arg.name, " must be a CUDA tensor, got one on ", arg.tensor.device());
-    TORCH_CHECK(arg.tensor.device() == first.device(), op, ": ", arg.name, " is on ", arg.tensor.device(),
-                ", expected ", first.device(), " (the device of ", args.begin()->name, ")");
-    TORCH_CHECK(arg.tensor.scalar_type() == first.scalar_type(), op, ": ", arg.name, " has dtype ",
-                arg.tensor.scalar_type(), ", expected ", first.scalar_type(), " (the dtype of ", args.begin()->name, ")");
-    TORCH_CHECK(arg.tensor.is_contiguous(), op, ": ", arg.name, " must be contiguous");
-  }
-}
-
-void check_shape(const char* op, const Arg& arg, c10::IntArrayRef expected) {
-  TORCH_CHECK(arg.tensor.sizes() == expected, op, ": ", arg.name, " has shape ", arg.tensor.sizes(), ", expected ",
-              expected);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> lltm_forward_cuda(
