@@ -1,5 +1,6 @@
 // The lltm_cpu operator library: its schema, and the module init that lets
-// Python load it as lltm_cpu._C.  The CPU kernels are in cpu/lltm_kernels.cpp.
+// Python load it as lltm_cpu._C.  The CPU kernels of the step are in
+// cpu/lltm_kernels.cpp, those of the sequence in cpu/lltm_sequence.cpp.
 #include <Python.h>  // first, as Python's C API requires
 
 #include <torch/library.h>
@@ -25,4 +26,17 @@ TORCH_LIBRARY(lltm_cpu, m) {
       "backward(Tensor grad_new_h, Tensor grad_new_cell, Tensor weights,"
       " Tensor X, Tensor gates, Tensor tanh_cell, bool needs_grad_X)"
       " -> (Tensor grad_X, Tensor grad_weights, Tensor grad_bias, Tensor grad_old_cell)");
+  // One layer, one direction, over a sequence (interface version 2):
+  // sequence_forward returns output, h_n, c_n, then what sequence_backward
+  // needs, in the order of lltm_cpu.sequence_saved_layout.
+  m.def(
+      "sequence_forward(Tensor input, Tensor weights, Tensor bias, Tensor h0, Tensor c0, Tensor? lengths,"
+      " bool reverse) -> (Tensor output, Tensor h_n, Tensor c_n, Tensor gates, Tensor tanh_cell)");
+  m.def(
+      "sequence_backward(Tensor grad_output, Tensor grad_h_n, Tensor grad_c_n, Tensor weights, Tensor input,"
+      " Tensor h0, Tensor output, Tensor? lengths, Tensor gates, Tensor tanh_cell, bool reverse,"
+      " bool needs_grad_input)"
+      " -> (Tensor grad_input, Tensor grad_weights, Tensor grad_bias, Tensor grad_h0, Tensor grad_c0)");
+  // Which GEMMs the sequence kernels use for a dtype here: "mkl-packed", "mkl" or "aten".
+  m.def("sequence_gemm(ScalarType dtype) -> str");
 }

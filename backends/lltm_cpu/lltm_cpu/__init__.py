@@ -1,7 +1,10 @@
-"""lltm-cpu: the LLTM step as fused, vectorised C++ kernels for CPU tensors.
+"""lltm-cpu: the LLTM as fused, vectorised C++ kernels for CPU tensors.
 
 The kernels are the operators ``torch.ops.lltm_cpu.forward`` and
-``torch.ops.lltm_cpu.backward``, in the compiled library ``lltm_cpu._C``.
+``torch.ops.lltm_cpu.backward`` (one step), and
+``torch.ops.lltm_cpu.sequence_forward`` and ``.sequence_backward`` (one layer
+over a whole sequence, the time loop in C++), in the compiled library
+``lltm_cpu._C``.
 lltm-core finds this backend through the ``lltm.backends`` entry point
 ``cpu = lltm_cpu:load_backend``.
 
@@ -19,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["saved_layout", "load_backend"]
+__all__ = ["saved_layout", "sequence_saved_layout", "load_backend"]
 
 _DISTRIBUTION = "lltm-cpu"
 
@@ -30,6 +33,16 @@ def saved_layout(batch: int, input_features: int, state_size: int) -> dict:
         "X": (batch, state_size + input_features),  # cat([old_h, input]), for grad_weights
         "gates": (batch, 3 * state_size),  # [sigmoid(i) | sigmoid(o) | elu(z)]
         "tanh_cell": (batch, state_size),  # tanh(new_cell)
+    }
+
+
+def sequence_saved_layout(steps: int, batch: int, input_features: int, state_size: int) -> dict:
+    # lltm-ref's: with the input and output lltm_core holds, (5S + I)·T·B
+    # elements, under the (6S + I)·T·B the contract allows.  See
+    # csrc/cpu/lltm_sequence.cpp.
+    return {
+        "gates": (steps, batch, 3 * state_size),  # per step [sigmoid(i) | sigmoid(o) | elu(z)]
+        "tanh_cell": (steps, batch, state_size),  # per step tanh(c_t)
     }
 
 
@@ -106,9 +119,11 @@ def load_backend():
     if unavailable is None:
         # The registered operators themselves: no Python frame per call (a few
         # us of a ~50 us step at the tutorial's size).
-        forward, backward = torch.ops.lltm_cpu.forward.default, torch.ops.lltm_cpu.backward.default
+        ops = torch.ops.lltm_cpu
+        forward, backward = ops.forward.default, ops.backward.default
+        sequence_forward, sequence_backward = ops.sequence_forward.default, ops.sequence_backward.default
     else:
-        forward = backward = unavailable_kernel("cpu", unavailable)
+        forward = backward = sequence_forward = sequence_backward = unavailable_kernel("cpu", unavailable)
     return Backend(
         name="cpu",
         forward=forward,
@@ -117,7 +132,11 @@ def load_backend():
         devices=frozenset({"cpu"}),
         dtypes=frozenset({torch.float32, torch.float64, torch.bfloat16}),
         priority=100,
-        interface_versions=(1,),
+        interface_versions=(1, 2),
         availability=lambda: unavailable,
-        description="fused C++ kernels, vectorised per CPU instruction set (AVX2, AVX-512)",
+        description="fused C++ kernels, vectorised per CPU instruction set (AVX2, AVX-512); "
+        "sequences with the time loop in C++",
+        sequence_forward=sequence_forward,
+        sequence_backward=sequence_backward,
+        sequence_saved_layout=sequence_saved_layout,
     )

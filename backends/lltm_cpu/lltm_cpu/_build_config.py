@@ -8,7 +8,13 @@ import platform
 import torch
 
 #: Compiled with COMPILE_FLAGS only, into the library's first objects.
-SOURCES = ["csrc/lltm.cpp", "csrc/cpu/lltm_kernels.cpp", "csrc/cpu/pointwise_default.cpp"]
+SOURCES = [
+    "csrc/lltm.cpp",
+    "csrc/cpu/lltm_kernels.cpp",
+    "csrc/cpu/lltm_sequence.cpp",
+    "csrc/cpu/blas.cpp",
+    "csrc/cpu/pointwise_default.cpp",
+]
 
 #: The same pointwise passes for wider instruction sets, each with the flags
 #: ATen compiles its own kernels of that set with.  Their objects are linked

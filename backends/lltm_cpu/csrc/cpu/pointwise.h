@@ -2,11 +2,12 @@
 //
 // pointwise_impl.h holds the only implementation; pointwise_{default,avx2,
 // avx512}.cpp each compile it for one instruction set into the namespace
-// lltm_cpu::<ISA>, and lltm_kernels.cpp picks one at run time.  Nothing here
+// lltm_cpu::<ISA>, and kernel_common.h picks one at run time.  Nothing here
 // depends on ATen's tensor types, so the ISA-specific files only see raw
 // pointers and at::vec.
 #pragma once
 
+#include <ATen/OpMathType.h>
 #include <c10/util/BFloat16.h>
 
 #include <cstdint>
@@ -43,9 +44,53 @@ struct BackwardPointers {
   int64_t state_size;
 };
 
+// One time step of the sequence forward (lltm_sequence.cpp), for a block of
+// `rows` consecutive batch rows and every state column.  The input projection
+// and the bias are already in `gates`, so unlike ForwardPointers there is no
+// bias.  Rows are contiguous: a row of gates has 3S elements, the others S.
+template <typename scalar_t>
+struct SequenceForwardStep {
+  // In: x W_x^T + bias + h_{t-1} W_h^T.  Out: the activated gates
+  // [sigmoid(i) | sigmoid(o) | elu(z)]; zero for rows past their length.
+  scalar_t* gates;
+  scalar_t* cell;       // in: c_{t-1}; out: c_t (rows past their length keep c_{t-1})
+  scalar_t* hidden;     // nullptr, or the state h, which rows within their length set to h_t
+  scalar_t* output;     // out: h_t; zero for rows past their length
+  scalar_t* tanh_cell;  // out: tanh(c_t), saved for backward; zero for rows past their length
+  const int64_t* lengths;  // nullptr, or per row: the row takes part in steps t < lengths[row]
+  int64_t step;            // t
+  int64_t rows;
+  int64_t state_size;
+};
+
+// One time step of the sequence backward, undoing SequenceForwardStep.
+template <typename scalar_t>
+struct SequenceBackwardStep {
+  // d loss / d output_t, row r at grad_output + r * grad_output_row_stride;
+  // along a row the stride is 1, or 0 (one value broadcast, as from output.sum()).
+  const scalar_t* grad_output;
+  int64_t grad_output_row_stride;
+  bool grad_output_broadcast_row;
+  // In: the gradient of h_t from the steps after t.  With lengths, a row
+  // within its length is zeroed once read, so that the GEMM that follows may
+  // add d_gates_t W_h into it while rows past their length keep theirs.
+  scalar_t* grad_h;
+  scalar_t* grad_cell;  // in: the gradient of c_t; out: of c_{t-1} (rows past their length keep it)
+  const scalar_t* gates;      // the activated gates SequenceForwardStep saved
+  const scalar_t* tanh_cell;  // tanh(c_t)
+  scalar_t* grad_gates;       // out: d loss / d pre-activation gates; zero for rows past their length
+  at::opmath_type<scalar_t>* grad_bias;  // (3S): grad_gates summed into it, over rows (and steps)
+  const int64_t* lengths;
+  int64_t step;
+  int64_t rows;
+  int64_t state_size;
+};
+
 // Each pass covers every row and the state columns [col_begin, col_end) of
 // all three gates.  Column ranges never share an output element (grad_bias
-// included), so disjoint ranges may run on different threads.
+// included), so disjoint ranges may run on different threads.  The sequence
+// steps cover their block of rows and every column: different blocks of rows
+// may run on different threads (each with its own grad_bias).
 #define LLTM_DECLARE_POINTWISE_KERNELS(ISA)                                                       \
   namespace ISA {                                                                                 \
   void forward_pointwise(const ForwardPointers<float>& p, int64_t col_begin, int64_t col_end);    \
@@ -54,6 +99,12 @@ struct BackwardPointers {
   void backward_pointwise(const BackwardPointers<double>& p, int64_t col_begin, int64_t col_end); \
   void forward_pointwise(const ForwardPointers<c10::BFloat16>& p, int64_t col_begin, int64_t col_end); \
   void backward_pointwise(const BackwardPointers<c10::BFloat16>& p, int64_t col_begin, int64_t col_end); \
+  void sequence_forward_step(const SequenceForwardStep<float>& p);                                \
+  void sequence_forward_step(const SequenceForwardStep<double>& p);                               \
+  void sequence_forward_step(const SequenceForwardStep<c10::BFloat16>& p);                        \
+  void sequence_backward_step(const SequenceBackwardStep<float>& p);                              \
+  void sequence_backward_step(const SequenceBackwardStep<double>& p);                             \
+  void sequence_backward_step(const SequenceBackwardStep<c10::BFloat16>& p);                      \
   }
 
 LLTM_DECLARE_POINTWISE_KERNELS(DEFAULT)

@@ -123,12 +123,54 @@ Vec<scalar_t> tanh_from_exp(const Vec<scalar_t>& x) {
   }
 }
 
+// The cell's forward for one vector of elements, from the pre-activation
+// gates: what the step and the sequence passes share.
+template <typename V>
+struct CellForward {
+  V input_gate, output_gate, candidate, new_cell, tanh_cell;
+};
+
+template <typename V>
+CellForward<V> cell_forward(const V& input_pre, const V& output_pre, const V& candidate_pre, const V& old_cell) {
+  CellForward<V> out;
+  out.input_gate = sigmoid(input_pre);
+  out.output_gate = sigmoid(output_pre);
+  // elu with alpha = 1.
+  out.candidate = V::blendv(expm1_from_exp(candidate_pre), candidate_pre, candidate_pre > V(0));
+  out.new_cell = at::vec::fmadd(out.candidate, out.input_gate, old_cell);
+  out.tanh_cell = tanh_from_exp(out.new_cell);
+  return out;
+}
+
+// The cell's backward for one vector: the gradients of the three
+// pre-activation gates and of the new cell, from the upstream gradients of h
+// and of the cell and what forward saved.
+template <typename V>
+struct CellBackward {
+  V grad_new_cell, grad_input, grad_output, grad_candidate;
+};
+
+template <typename V>
+CellBackward<V> cell_backward(const V& grad_h, const V& grad_cell, const V& tanh_cell, const V& input_gate,
+                              const V& output_gate, const V& candidate) {
+  const V one(1);
+  CellBackward<V> out;
+  // new_h = tanh(new_cell) * output_gate, new_cell = old_cell + candidate * input_gate.
+  out.grad_new_cell = at::vec::fmadd((one - tanh_cell * tanh_cell) * output_gate, grad_h, grad_cell);
+  // Back through the activations: sigmoid' = s (1 - s); elu'(u) is 1 for
+  // u > 0 and exp(u) = elu(u) + 1 otherwise, so it needs only elu's output.
+  out.grad_input = candidate * out.grad_new_cell * input_gate * (one - input_gate);
+  out.grad_output = tanh_cell * grad_h * output_gate * (one - output_gate);
+  const V elu_slope = V::blendv(candidate + one, one, candidate > V(0));
+  out.grad_candidate = input_gate * out.grad_new_cell * elu_slope;
+  return out;
+}
+
 template <typename scalar_t>
 void forward_pass(const ForwardPointers<scalar_t>& p, int64_t col_begin, int64_t col_end) {
   using M = Memory<scalar_t>;
   using V = typename M::V;
   const int64_t S = p.state_size;
-  const V zero(0);
   for (int64_t row = 0; row < p.batch; ++row) {
     scalar_t* gates = p.gates + row * 3 * S;
     const int64_t row_offset = row * S;
@@ -138,20 +180,15 @@ void forward_pass(const ForwardPointers<scalar_t>& p, int64_t col_begin, int64_t
       auto load = [count](const scalar_t* ptr) { return M::load(ptr, count); };
       auto store = [count](const V& value, scalar_t* ptr) { M::store(value, ptr, count); };
 
-      const V input_gate = sigmoid(load(gates + col) + load(p.bias + col));
-      const V output_gate = sigmoid(load(gates + S + col) + load(p.bias + S + col));
-      const V candidate_pre = load(gates + 2 * S + col) + load(p.bias + 2 * S + col);
-      // elu with alpha = 1.
-      const V candidate = V::blendv(expm1_from_exp(candidate_pre), candidate_pre, candidate_pre > zero);
-      const V new_cell = at::vec::fmadd(candidate, input_gate, load(p.old_cell + row_offset + col));
-      const V tanh_cell = tanh_from_exp(new_cell);
-
-      store(input_gate, gates + col);
-      store(output_gate, gates + S + col);
-      store(candidate, gates + 2 * S + col);
-      store(new_cell, p.new_cell + row_offset + col);
-      store(tanh_cell, p.tanh_cell + row_offset + col);
-      store(tanh_cell * output_gate, p.new_h + row_offset + col);
+      const CellForward<V> cell = cell_forward(
+          load(gates + col) + load(p.bias + col), load(gates + S + col) + load(p.bias + S + col),
+          load(gates + 2 * S + col) + load(p.bias + 2 * S + col), load(p.old_cell + row_offset + col));
+      store(cell.input_gate, gates + col);
+      store(cell.output_gate, gates + S + col);
+      store(cell.candidate, gates + 2 * S + col);
+      store(cell.new_cell, p.new_cell + row_offset + col);
+      store(cell.tanh_cell, p.tanh_cell + row_offset + col);
+      store(cell.tanh_cell * cell.output_gate, p.new_h + row_offset + col);
     }
   }
 }
@@ -163,8 +200,6 @@ void backward_pass(const BackwardPointers<scalar_t>& p, int64_t col_begin, int64
   using V = typename M::V;
   const int64_t S = p.state_size;
   const int64_t width = col_end - col_begin;
-  const V zero(0);
-  const V one(1);
   // This range owns these bias entries.  Rows add into them in opmath_t, so a
   // bfloat16 bias gradient is rounded once, not once per row.
   std::vector<opmath_t> bias_sums(3 * width, opmath_t(0));
@@ -182,22 +217,13 @@ void backward_pass(const BackwardPointers<scalar_t>& p, int64_t col_begin, int64
         (V::loadu(sum, count) + grad).store(sum, count);
       };
 
-      const V grad_h = load(p.grad_h + row_offset + col);
-      const V tanh_cell = load(p.tanh_cell + row_offset + col);
-      const V input_gate = load(gates + col);
-      const V output_gate = load(gates + S + col);
-      const V candidate = load(gates + 2 * S + col);
-
-      // new_h = tanh(new_cell) * output_gate, new_cell = old_cell + candidate * input_gate.
-      const V grad_new_cell = at::vec::fmadd(
-          (one - tanh_cell * tanh_cell) * output_gate, grad_h, load(p.grad_cell + row_offset + col));
-      M::store(grad_new_cell, p.grad_old_cell + row_offset + col, count);
-      // Back through the activations: sigmoid' = s (1 - s); elu'(u) is 1 for
-      // u > 0 and exp(u) = elu(u) + 1 otherwise, so it needs only elu's output.
-      store_gate(0, candidate * grad_new_cell * input_gate * (one - input_gate));
-      store_gate(1, tanh_cell * grad_h * output_gate * (one - output_gate));
-      const V elu_slope = V::blendv(candidate + one, one, candidate > zero);
-      store_gate(2, input_gate * grad_new_cell * elu_slope);
+      const CellBackward<V> grads = cell_backward(
+          load(p.grad_h + row_offset + col), load(p.grad_cell + row_offset + col),
+          load(p.tanh_cell + row_offset + col), load(gates + col), load(gates + S + col), load(gates + 2 * S + col));
+      M::store(grads.grad_new_cell, p.grad_old_cell + row_offset + col, count);
+      store_gate(0, grads.grad_input);
+      store_gate(1, grads.grad_output);
+      store_gate(2, grads.grad_candidate);
     }
   }
   for (int64_t gate = 0; gate < 3; ++gate) {
@@ -205,6 +231,94 @@ void backward_pass(const BackwardPointers<scalar_t>& p, int64_t col_begin, int64
       const int64_t count = std::min<int64_t>(V::size(), col_end - col);
       M::store(V::loadu(bias_sums.data() + gate * width + (col - col_begin), count),
                p.grad_bias + gate * S + col, count);
+    }
+  }
+}
+
+// Whether a row takes part in a step of the sequence: t < its length.
+inline bool takes_part(const int64_t* lengths, int64_t row, int64_t step) {
+  return lengths == nullptr || step < lengths[row];
+}
+
+template <typename scalar_t>
+void fill_zero(scalar_t* ptr, int64_t count) {
+  std::fill(ptr, ptr + count, scalar_t(0));
+}
+
+template <typename scalar_t>
+void sequence_forward_pass(const SequenceForwardStep<scalar_t>& p) {
+  using M = Memory<scalar_t>;
+  using V = typename M::V;
+  const int64_t S = p.state_size;
+  for (int64_t row = 0; row < p.rows; ++row) {
+    scalar_t* gates = p.gates + row * 3 * S;
+    const int64_t row_offset = row * S;
+    if (!takes_part(p.lengths, row, p.step)) {
+      // Its state stays; what is saved for this row is never read, but is
+      // written all the same so that the saved tensors hold no stale memory.
+      fill_zero(p.output + row_offset, S);
+      fill_zero(p.tanh_cell + row_offset, S);
+      fill_zero(gates, 3 * S);
+      continue;
+    }
+    for (int64_t col = 0; col < S; col += V::size()) {
+      const int64_t count = std::min<int64_t>(V::size(), S - col);
+      auto load = [count](const scalar_t* ptr) { return M::load(ptr, count); };
+      auto store = [count](const V& value, scalar_t* ptr) { M::store(value, ptr, count); };
+
+      const CellForward<V> cell =
+          cell_forward(load(gates + col), load(gates + S + col), load(gates + 2 * S + col), load(p.cell + row_offset + col));
+      const V new_h = cell.tanh_cell * cell.output_gate;
+      store(cell.input_gate, gates + col);
+      store(cell.output_gate, gates + S + col);
+      store(cell.candidate, gates + 2 * S + col);
+      store(cell.new_cell, p.cell + row_offset + col);
+      store(cell.tanh_cell, p.tanh_cell + row_offset + col);
+      store(new_h, p.output + row_offset + col);
+      if (p.hidden != nullptr) {
+        store(new_h, p.hidden + row_offset + col);
+      }
+    }
+  }
+}
+
+template <typename scalar_t>
+void sequence_backward_pass(const SequenceBackwardStep<scalar_t>& p) {
+  using M = Memory<scalar_t>;
+  using opmath_t = typename M::opmath_t;
+  using V = typename M::V;
+  const int64_t S = p.state_size;
+  for (int64_t row = 0; row < p.rows; ++row) {
+    scalar_t* grad_gates = p.grad_gates + row * 3 * S;
+    if (!takes_part(p.lengths, row, p.step)) {
+      // The row did not take part in this step: its gradients pass through.
+      fill_zero(grad_gates, 3 * S);
+      continue;
+    }
+    const scalar_t* gates = p.gates + row * 3 * S;
+    const scalar_t* grad_output = p.grad_output + row * p.grad_output_row_stride;
+    const int64_t row_offset = row * S;
+    for (int64_t col = 0; col < S; col += V::size()) {
+      const int64_t count = std::min<int64_t>(V::size(), S - col);
+      auto load = [count](const scalar_t* ptr) { return M::load(ptr, count); };
+      auto store_gate = [&](int64_t gate, const V& grad) {
+        M::store(grad, grad_gates + gate * S + col, count);
+        opmath_t* sum = p.grad_bias + gate * S + col;
+        (V::loadu(sum, count) + grad).store(sum, count);
+      };
+
+      const V upstream = p.grad_output_broadcast_row ? V(static_cast<opmath_t>(grad_output[0])) : load(grad_output + col);
+      const V grad_h = load(p.grad_h + row_offset + col) + upstream;
+      const CellBackward<V> grads = cell_backward(
+          grad_h, load(p.grad_cell + row_offset + col), load(p.tanh_cell + row_offset + col), load(gates + col),
+          load(gates + S + col), load(gates + 2 * S + col));
+      M::store(grads.grad_new_cell, p.grad_cell + row_offset + col, count);
+      if (p.lengths != nullptr) {
+        M::store(V(0), p.grad_h + row_offset + col, count);
+      }
+      store_gate(0, grads.grad_input);
+      store_gate(1, grads.grad_output);
+      store_gate(2, grads.grad_candidate);
     }
   }
 }
@@ -229,6 +343,12 @@ void forward_pointwise(const ForwardPointers<c10::BFloat16>& p, int64_t col_begi
 void backward_pointwise(const BackwardPointers<c10::BFloat16>& p, int64_t col_begin, int64_t col_end) {
   backward_pass(p, col_begin, col_end);
 }
+void sequence_forward_step(const SequenceForwardStep<float>& p) { sequence_forward_pass(p); }
+void sequence_forward_step(const SequenceForwardStep<double>& p) { sequence_forward_pass(p); }
+void sequence_forward_step(const SequenceForwardStep<c10::BFloat16>& p) { sequence_forward_pass(p); }
+void sequence_backward_step(const SequenceBackwardStep<float>& p) { sequence_backward_pass(p); }
+void sequence_backward_step(const SequenceBackwardStep<double>& p) { sequence_backward_pass(p); }
+void sequence_backward_step(const SequenceBackwardStep<c10::BFloat16>& p) { sequence_backward_pass(p); }
 
 }  // namespace CPU_CAPABILITY
 }  // namespace lltm_cpu

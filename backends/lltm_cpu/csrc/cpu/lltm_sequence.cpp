@@ -1,0 +1,361 @@
+// CPU kernels of lltm_cpu::sequence_forward and lltm_cpu::sequence_backward:
+// one LLTM layer in one direction over a whole sequence, the time loop in C++.
+//
+// The algorithm is lltm-ref's sequence_forward / sequence_backward (the
+// reference this must match), with the same saved tensors: the activated
+// gates (T, B, 3S) and tanh(c_t) (T, B, S).
+//
+// Forward: one GEMM projects the input of all T*B rows, into a gates buffer
+// that starts as the bias, so the bias is folded in; then each step adds its
+// recurrent GEMM h_{t-1} W_h^T into its slice of that buffer and one fused
+// pointwise pass (pointwise_impl.h) turns it into the gates, c_t and h_t.
+// Backward: each step one fused pass gives d_gates_t (and sums the bias
+// gradient as it goes) and one GEMM d_gates_t W_h the gradient of h_{t-1};
+// after the loop, GEMMs over all steps at once give d_W and d_input.
+//
+// Threads: a batch row's recurrence reads only that row of the previous
+// step, so the time loop runs once per block of batch rows, one block per
+// thread, with no synchronisation between steps and each block's GEMMs
+// single-threaded (on weights that thread packed itself).  The GEMMs over all
+// steps run before and after the loop, on all threads.  Small problems run on
+// one thread.
+//
+// Nothing is allocated inside the loop and no ATen operator is called there,
+// except GEMMs on the ATen route (bfloat16, or where torch has no MKL: see
+// blas.h).
+#include <ATen/Dispatch.h>
+#include <ATen/Parallel.h>
+#include <ATen/ThreadLocalState.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cstring>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "blas.h"
+#include "kernel_common.h"
+
+namespace lltm_cpu {
+namespace {
+
+// A block of rows gets a thread of its own only with at least this much
+// recurrent-GEMM work over the whole sequence (a parallel region costs a few
+// us to start; this is ~10-20 us of one core's work).
+constexpr int64_t kMinMacsPerThread = int64_t{1} << 18;
+// With a single block, its step GEMMs may still use MKL's threads from this
+// size on (a batch of one row with a large state).
+constexpr int64_t kThreadedStepGemmMacs = int64_t{1} << 22;
+
+// Splits the batch into at most one block of rows per thread, runs
+// `loop(block, row_begin, row_end)` for each, and returns the number of
+// blocks.  `macs_per_row`: the recurrent GEMMs' work for one row, all steps.
+template <typename Loop>
+int64_t for_row_blocks(int64_t batch, int64_t macs_per_row, int64_t step_gemm_macs, const Loop& loop) {
+  if (batch == 0) {
+    return 0;
+  }
+  const int64_t rows_per_thread = std::max<int64_t>(1, at::divup(kMinMacsPerThread, std::max<int64_t>(macs_per_row, 1)));
+  const int64_t blocks = at::in_parallel_region()
+                             ? 1
+                             : std::clamp<int64_t>(batch / rows_per_thread, 1, at::get_num_threads());
+  const auto run_block = [&](int64_t block) {
+    const int64_t row_begin = block * batch / blocks;
+    const int64_t row_end = (block + 1) * batch / blocks;
+    const blas::SingleThreaded single_threaded(blocks > 1 || step_gemm_macs < kThreadedStepGemmMacs);
+    loop(block, row_begin, row_end);
+  };
+  if (blocks == 1) {
+    run_block(0);
+    return 1;
+  }
+  // ATen GEMMs (blas.h's fallback) go through the dispatcher, which reads
+  // thread-local state that pool threads do not inherit.
+  const at::ThreadLocalState caller_state;
+  at::parallel_for(0, blocks, 1, [&](int64_t first, int64_t last) {
+    const at::ThreadLocalStateGuard guard(caller_state);
+    for (int64_t block = first; block < last; ++block) {
+      run_block(block);
+    }
+  });
+  return blocks;
+}
+
+// Checks `lengths` (an int64 CPU tensor (B,) with values in [1, T]) and
+// returns it contiguous.
+at::Tensor checked_lengths(const at::Tensor& lengths, const char* op, int64_t steps, int64_t batch) {
+  TORCH_CHECK(lengths.dim() == 1 && lengths.size(0) == batch, op, ": lengths must have shape [", batch, "], got ",
+              lengths.sizes());
+  TORCH_CHECK(lengths.scalar_type() == at::kLong && lengths.device().is_cpu(), op,
+              ": lengths must be an int64 CPU tensor, got ", lengths.scalar_type(), " on ", lengths.device());
+  at::Tensor dense = lengths.contiguous();
+  const int64_t* values = dense.const_data_ptr<int64_t>();
+  for (int64_t row = 0; row < batch; ++row) {
+    TORCH_CHECK(values[row] >= 1 && values[row] <= steps, op, ": lengths must be in [1, ", steps, "], got ",
+                values[row], " at ", row);
+  }
+  return dense;
+}
+
+// A contiguous copy of `source` in new memory, which the kernel may write.
+at::Tensor fresh_copy(const at::Tensor& source) {
+  at::Tensor copy = at::empty(source.sizes(), source.options());
+  copy.copy_(source);
+  return copy;
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> sequence_forward(
+    const at::Tensor& input_arg, const at::Tensor& weights_arg, const at::Tensor& bias_arg, const at::Tensor& h0_arg,
+    const at::Tensor& c0_arg, const std::optional<at::Tensor>& lengths_arg, bool reverse) {
+  constexpr const char* op = "lltm_cpu::sequence_forward";
+  TORCH_CHECK(input_arg.dim() == 3, op, ": input must be 3-D (time, batch, input_features), got ", input_arg.sizes());
+  TORCH_CHECK(h0_arg.dim() == 2, op, ": h0 must be 2-D (batch, state_size), got ", h0_arg.sizes());
+  const int64_t T = input_arg.size(0), B = input_arg.size(1), I = input_arg.size(2), S = h0_arg.size(1);
+  check_matrix(weights_arg, op, "weights", 3 * S, S + I);
+  TORCH_CHECK(bias_arg.dim() == 1 && bias_arg.size(0) == 3 * S, op, ": bias must have shape [", 3 * S, "], got ",
+              bias_arg.sizes());
+  check_matrix(h0_arg, op, "h0", B, S);
+  check_matrix(c0_arg, op, "c0", B, S);
+  check_dtypes(op, {{"input", input_arg}, {"weights", weights_arg}, {"bias", bias_arg}, {"h0", h0_arg},
+                    {"c0", c0_arg}});
+  // lltm_core passes contiguous tensors, for which these are no-ops.
+  const at::Tensor input = input_arg.contiguous();
+  const at::Tensor weights = weights_arg.contiguous();
+  const at::Tensor bias = bias_arg.contiguous();
+  const at::Tensor h0 = h0_arg.contiguous();
+  const std::optional<at::Tensor> lengths =
+      lengths_arg.has_value() ? std::optional(checked_lengths(*lengths_arg, op, T, B)) : std::nullopt;
+
+  const auto options = input.options();
+  at::Tensor output = at::empty({T, B, S}, options);
+  at::Tensor gates = at::empty({T, B, 3 * S}, options);
+  at::Tensor tanh_cell = at::empty({T, B, S}, options);
+  at::Tensor c_n = fresh_copy(c0_arg);  // the cell state, updated in place step by step
+  // With lengths, a row past its length keeps its h, which output (zero
+  // there) no longer holds: h_n is then the state the steps update.
+  at::Tensor h_n = lengths.has_value() || T == 0 ? fresh_copy(h0) : at::empty({B, S}, options);
+  if (T == 0 || B == 0) {
+    return {output, h_n, c_n, gates, tanh_cell};
+  }
+
+  AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, input.scalar_type(), op, [&] {
+    const scalar_t* w = weights.const_data_ptr<scalar_t>();
+    const int64_t ldw = S + I;
+    scalar_t* gates_data = gates.data_ptr<scalar_t>();
+    scalar_t* output_data = output.data_ptr<scalar_t>();
+    scalar_t* tanh_cell_data = tanh_cell.data_ptr<scalar_t>();
+    scalar_t* cell_data = c_n.data_ptr<scalar_t>();
+    scalar_t* hidden_data = lengths.has_value() ? h_n.data_ptr<scalar_t>() : nullptr;
+    const scalar_t* h0_data = h0.const_data_ptr<scalar_t>();
+    const int64_t* lengths_data = lengths.has_value() ? lengths->const_data_ptr<int64_t>() : nullptr;
+
+    // The input projection of every step at once, the bias folded in: each
+    // row of gates starts as the bias and the GEMM adds x W_x^T to it.
+    const scalar_t* bias_data = bias.const_data_ptr<scalar_t>();
+    at::parallel_for(0, T * B, at::divup(kMinElementsPerThread, 3 * S), [&](int64_t begin, int64_t end) {
+      for (int64_t row = begin; row < end; ++row) {
+        std::memcpy(gates_data + row * 3 * S, bias_data, 3 * S * sizeof(scalar_t));
+      }
+    });
+    blas::gemm<scalar_t>(false, true, T * B, 3 * S, I, input.const_data_ptr<scalar_t>(), I, w + S, ldw, true,
+                         gates_data, 3 * S);
+
+    const auto step_pass = pointwise_kernels<scalar_t>().sequence_forward;
+    for_row_blocks(B, T * 3 * S * S, B * 3 * S * S, [&](int64_t, int64_t row_begin, int64_t row_end) {
+      const int64_t rows = row_end - row_begin;
+      const blas::RightOperand<scalar_t> w_h(/*trans_b=*/true, rows, 3 * S, S, w, ldw);  // h W_h^T
+      const scalar_t* h_prev = hidden_data != nullptr ? hidden_data + row_begin * S : h0_data + row_begin * S;
+      for (int64_t i = 0; i < T; ++i) {
+        const int64_t t = reverse ? T - 1 - i : i;
+        const int64_t first_row = t * B + row_begin;
+        scalar_t* gates_t = gates_data + first_row * 3 * S;
+        w_h.multiply(rows, h_prev, S, /*accumulate=*/true, gates_t, 3 * S);
+        const SequenceForwardStep<scalar_t> pass{
+            gates_t,
+            cell_data + row_begin * S,
+            hidden_data != nullptr ? hidden_data + row_begin * S : nullptr,
+            output_data + first_row * S,
+            tanh_cell_data + first_row * S,
+            lengths_data != nullptr ? lengths_data + row_begin : nullptr,
+            t,
+            rows,
+            S};
+        step_pass(pass);
+        if (hidden_data == nullptr) {
+          h_prev = output_data + first_row * S;  // without lengths, h_t is output[t]
+        }
+      }
+    });
+  });
+  if (!lengths.has_value()) {
+    h_n.copy_(output[reverse ? 0 : T - 1]);
+  }
+  return {output, h_n, c_n, gates, tanh_cell};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> sequence_backward(
+    const at::Tensor& grad_output_arg, const at::Tensor& grad_h_n, const at::Tensor& grad_c_n,
+    const at::Tensor& weights_arg, const at::Tensor& input_arg, const at::Tensor& h0_arg,
+    const at::Tensor& output_arg, const std::optional<at::Tensor>& lengths_arg, const at::Tensor& gates_arg,
+    const at::Tensor& tanh_cell_arg, bool reverse, bool needs_grad_input) {
+  constexpr const char* op = "lltm_cpu::sequence_backward";
+  TORCH_CHECK(input_arg.dim() == 3, op, ": input must be 3-D (time, batch, input_features), got ", input_arg.sizes());
+  TORCH_CHECK(h0_arg.dim() == 2, op, ": h0 must be 2-D (batch, state_size), got ", h0_arg.sizes());
+  const int64_t T = input_arg.size(0), B = input_arg.size(1), I = input_arg.size(2), S = h0_arg.size(1);
+  for (const auto& [name, tensor, width] : {std::tuple{"grad_output", &grad_output_arg, S},
+                                            std::tuple{"output", &output_arg, S},
+                                            std::tuple{"gates", &gates_arg, 3 * S},
+                                            std::tuple{"tanh_cell", &tanh_cell_arg, S}}) {
+    TORCH_CHECK(tensor->sizes() == at::IntArrayRef({T, B, width}), op, ": ", name, " must have shape [", T, ", ", B,
+                ", ", width, "], got ", tensor->sizes());
+  }
+  check_matrix(grad_h_n, op, "grad_h_n", B, S);
+  check_matrix(grad_c_n, op, "grad_c_n", B, S);
+  check_matrix(weights_arg, op, "weights", 3 * S, S + I);
+  check_matrix(h0_arg, op, "h0", B, S);
+  check_dtypes(op, {{"grad_output", grad_output_arg}, {"grad_h_n", grad_h_n}, {"grad_c_n", grad_c_n},
+                    {"weights", weights_arg}, {"input", input_arg}, {"h0", h0_arg}, {"output", output_arg},
+                    {"gates", gates_arg}, {"tanh_cell", tanh_cell_arg}});
+  const at::Tensor weights = weights_arg.contiguous();
+  const at::Tensor input = input_arg.contiguous();
+  const at::Tensor h0 = h0_arg.contiguous();
+  const at::Tensor output = output_arg.contiguous();
+  const at::Tensor gates = gates_arg.contiguous();
+  const at::Tensor tanh_cell = tanh_cell_arg.contiguous();
+  const std::optional<at::Tensor> lengths =
+      lengths_arg.has_value() ? std::optional(checked_lengths(*lengths_arg, op, T, B)) : std::nullopt;
+  // Autograd's gradient of output.sum() is one value expanded (all strides
+  // 0): the pass reads rows of any stride, and a row that is one broadcast
+  // value, so only other layouts are copied.
+  const at::Tensor grad_output =
+      grad_output_arg.stride(2) == 0 || grad_output_arg.stride(2) == 1 ? grad_output_arg : grad_output_arg.contiguous();
+
+  const auto options = input.options();
+  // The carried gradients of h and c, which end as those of h0 and c0.
+  at::Tensor grad_h0 = fresh_copy(grad_h_n);
+  at::Tensor grad_c0 = fresh_copy(grad_c_n);
+  at::Tensor grad_weights = at::empty({3 * S, S + I}, options);
+  at::Tensor grad_bias = at::empty({3 * S}, options);
+  at::Tensor grad_input = needs_grad_input ? at::empty({T, B, I}, options) : at::empty({0}, options);
+  if (T == 0 || B == 0) {
+    grad_weights.zero_();
+    grad_bias.zero_();
+    return {grad_input, grad_weights, grad_bias, grad_h0, grad_c0};
+  }
+  at::Tensor grad_gates = at::empty({T, B, 3 * S}, options);
+
+  AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, input.scalar_type(), op, [&] {
+    using opmath_t = at::opmath_type<scalar_t>;
+    const scalar_t* w = weights.const_data_ptr<scalar_t>();
+    const int64_t ldw = S + I;
+    const scalar_t* gates_data = gates.const_data_ptr<scalar_t>();
+    const scalar_t* tanh_cell_data = tanh_cell.const_data_ptr<scalar_t>();
+    const scalar_t* grad_output_data = grad_output.const_data_ptr<scalar_t>();
+    const int64_t grad_output_step_stride = grad_output.stride(0), grad_output_row_stride = grad_output.stride(1);
+    const bool grad_output_broadcast_row = grad_output.stride(2) == 0;
+    scalar_t* grad_gates_data = grad_gates.data_ptr<scalar_t>();
+    scalar_t* grad_h_data = grad_h0.data_ptr<scalar_t>();
+    scalar_t* grad_c_data = grad_c0.data_ptr<scalar_t>();
+    const int64_t* lengths_data = lengths.has_value() ? lengths->const_data_ptr<int64_t>() : nullptr;
+
+    // One bias sum per block of rows, added up in block order afterwards
+    // (the same order every run).
+    std::vector<opmath_t> bias_sums(at::get_num_threads() * 3 * S, opmath_t(0));
+    const auto step_pass = pointwise_kernels<scalar_t>().sequence_backward;
+    const int64_t blocks =
+        for_row_blocks(B, T * 3 * S * S, B * 3 * S * S, [&](int64_t block, int64_t row_begin, int64_t row_end) {
+          const int64_t rows = row_end - row_begin;
+          const blas::RightOperand<scalar_t> w_h(/*trans_b=*/false, rows, S, 3 * S, w, ldw);  // d_gates W_h
+          for (int64_t i = 0; i < T; ++i) {
+            const int64_t t = reverse ? i : T - 1 - i;  // the steps, last first
+            const int64_t first_row = t * B + row_begin;
+            scalar_t* grad_gates_t = grad_gates_data + first_row * 3 * S;
+            const SequenceBackwardStep<scalar_t> pass{
+                grad_output_data + t * grad_output_step_stride + row_begin * grad_output_row_stride,
+                grad_output_row_stride,
+                grad_output_broadcast_row,
+                grad_h_data + row_begin * S,
+                grad_c_data + row_begin * S,
+                gates_data + first_row * 3 * S,
+                tanh_cell_data + first_row * S,
+                grad_gates_t,
+                bias_sums.data() + block * 3 * S,
+                lengths_data != nullptr ? lengths_data + row_begin : nullptr,
+                t,
+                rows,
+                S};
+            step_pass(pass);
+            // The gradient of h_{t-1}.  With lengths the pass zeroed the rows
+            // that took part, and the rest keep theirs: so add.
+            w_h.multiply(rows, grad_gates_t, 3 * S, /*accumulate=*/lengths_data != nullptr, grad_h_data + row_begin * S, S);
+          }
+        });
+    scalar_t* grad_bias_data = grad_bias.data_ptr<scalar_t>();
+    for (int64_t col = 0; col < 3 * S; ++col) {
+      opmath_t sum = 0;
+      for (int64_t block = 0; block < blocks; ++block) {
+        sum += bias_sums[block * 3 * S + col];
+      }
+      grad_bias_data[col] = static_cast<scalar_t>(sum);
+    }
+
+    // d_W = sum over steps of d_gates_t^T [h_{t-1} | x_t], over all T*B rows
+    // at once.  h_{t-1} is output of the step before (in the direction's
+    // order), or h0 for the first step: so the h columns take two GEMMs.
+    scalar_t* grad_weights_data = grad_weights.data_ptr<scalar_t>();
+    const scalar_t* output_data = output.const_data_ptr<scalar_t>();
+    const int64_t step_rows = B, later_rows = (T - 1) * B;
+    // Forward: step t >= 1 started from output[t-1]; reversed: step t <= T-2 from output[t+1].
+    const scalar_t* later_grad_gates = reverse ? grad_gates_data : grad_gates_data + step_rows * 3 * S;
+    const scalar_t* earlier_output = reverse ? output_data + step_rows * S : output_data;
+    blas::gemm<scalar_t>(true, false, 3 * S, S, later_rows, later_grad_gates, 3 * S, earlier_output, S, false,
+                         grad_weights_data, ldw);
+    // The steps that started from h0: t = 0 forward; reversed, each row's own
+    // last valid step (T-1 without lengths).  Rows past their length have
+    // zero d_gates, so output's zeros there add nothing above.
+    const scalar_t* first_grad_gates = grad_gates_data + (reverse ? (T - 1) * B * 3 * S : 0);
+    std::vector<scalar_t> gathered;
+    if (reverse && lengths_data != nullptr) {
+      gathered.resize(B * 3 * S);
+      for (int64_t row = 0; row < B; ++row) {
+        std::memcpy(gathered.data() + row * 3 * S, grad_gates_data + ((lengths_data[row] - 1) * B + row) * 3 * S,
+                    3 * S * sizeof(scalar_t));
+      }
+      first_grad_gates = gathered.data();
+    }
+    blas::gemm<scalar_t>(true, false, 3 * S, S, B, first_grad_gates, 3 * S, h0.const_data_ptr<scalar_t>(), S, true,
+                         grad_weights_data, ldw);
+    blas::gemm<scalar_t>(true, false, 3 * S, I, T * B, grad_gates_data, 3 * S, input.const_data_ptr<scalar_t>(), I,
+                         false, grad_weights_data + S, ldw);
+    if (needs_grad_input) {
+      blas::gemm<scalar_t>(false, false, T * B, I, 3 * S, grad_gates_data, 3 * S, w + S, ldw, false,
+                           grad_input.data_ptr<scalar_t>(), I);
+    }
+  });
+  return {grad_input, grad_weights, grad_bias, grad_h0, grad_c0};
+}
+
+// Which GEMMs the sequence kernels use for this dtype: "mkl-packed", "mkl" or
+// "aten" (for tests and benchmarks, which must know which path they measured).
+std::string sequence_gemm(at::ScalarType dtype) {
+  return blas::route_name(blas::route_for(dtype));
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(lltm_cpu, CPU, m) {
+  m.impl("sequence_forward", &sequence_forward);
+  m.impl("sequence_backward", &sequence_backward);
+}
+
+// It takes no tensor, so no backend key can select it.
+TORCH_LIBRARY_IMPL(lltm_cpu, CompositeImplicitAutograd, m) {
+  m.impl("sequence_gemm", &sequence_gemm);
+}
+
+}  // namespace lltm_cpu
