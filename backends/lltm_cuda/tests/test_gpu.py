@@ -23,7 +23,9 @@ except ModuleNotFoundError as exc:
         raise
     pytest.skip("lltm-cuda is not installed (building it needs the CUDA toolkit)", allow_module_level=True)
 import lltm_core  # noqa: E402
-from lltm_core.testing import compare_with_reference, make_inputs, max_rel_error, reference_lltm, tolerance  # noqa: E402
+from lltm_core.testing import (  # noqa: E402
+    compare_with_reference, make_inputs, make_sequence_inputs, max_rel_error, reference_lltm, tolerance,
+)
 
 _REASON = lltm_cuda.unavailable_reason()
 if _REQUIRED and _REASON is not None:
@@ -159,3 +161,174 @@ def test_offsets_past_2_pow_31(misaligned):
     torch.testing.assert_close(grad_old_cell[rows].float(), want_grad_old_cell, **tol)
     torch.testing.assert_close(grad_X[rows, :S].float(), grad_old_h, **tol)
     torch.testing.assert_close(grad_X[rows, S:].float(), grad_input, **tol)
+
+
+# --- sequences: lltm_cuda::sequence_forward / sequence_backward ---------------------------------
+
+# (T, B, I, S): the 16-byte-vector path in every dtype (S a multiple of 8), the element path (odd S),
+# more state than a 1024-thread block, one step, and one state element.
+SEQUENCE_SHAPES = [(5, 4, 3, 64), (6, 3, 5, 13), (3, 5, 4, 1032), (1, 3, 2, 8), (4, 2, 3, 1)]
+
+
+def _lengths(T: int, B: int) -> torch.Tensor:
+    """Random lengths in [1, T] with both ends present: a row that runs every step and one that runs one."""
+    lengths = torch.randint(1, T + 1, (B,))
+    lengths[0], lengths[-1] = T, 1
+    return lengths.cuda()
+
+
+def _sequence(*inputs, backend="cuda", **kwargs):
+    return lltm_core.lltm_sequence(*inputs, backend=backend, **kwargs)
+
+
+@pytest.mark.parametrize("reverse", [False, True], ids=["forward", "reverse"])
+@pytest.mark.parametrize("with_lengths", [False, True], ids=["full", "lengths"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", SEQUENCE_SHAPES, ids=lambda s: "T{}-B{}-I{}-S{}".format(*s))
+def test_sequence_matches_ref(dtype, shape, with_lengths, reverse):
+    """Outputs and all five gradients against lltm-ref's sequence on CUDA in float64, on the same inputs."""
+    T, B, I, S = shape
+    inputs = make_sequence_inputs(T, B, I, S, dtype=dtype, device="cuda")
+    lengths = _lengths(T, B) if with_lengths else None
+    got = _sequence(*inputs, lengths=lengths, reverse=reverse)
+    upstream = [torch.randn(t.shape, dtype=torch.float64, device="cuda") for t in got]
+    grads = torch.autograd.grad(got, inputs, [u.to(dtype) for u in upstream])
+    ref_inputs = [t.detach().double().requires_grad_() for t in inputs]
+    want = _sequence(*ref_inputs, lengths=lengths, reverse=reverse, backend="ref")
+    want_grads = torch.autograd.grad(want, ref_inputs, upstream)
+    names = ("output", "h_n", "c_n", "grad_input", "grad_weights", "grad_bias", "grad_h0", "grad_c0")
+    errors = {n: max_rel_error(g, w) for n, g, w in zip(names, (*got, *grads), (*want, *want_grads))}
+    assert max(errors.values()) <= tolerance(dtype), errors
+
+
+@pytest.mark.parametrize("reverse", [False, True], ids=["forward", "reverse"])
+@pytest.mark.parametrize("with_lengths", [False, True], ids=["full", "lengths"])
+@pytest.mark.parametrize("shape", [(3, 4, 2, 4), (4, 3, 2, 5)], ids=lambda s: "T{}-B{}-I{}-S{}".format(*s))
+def test_sequence_gradcheck_float64(shape, with_lengths, reverse):
+    """Finite differences through lltm-cuda's own sequence backward (vector path at S=4, element path at S=5)."""
+    inputs = make_sequence_inputs(*shape, dtype=torch.float64, device="cuda")
+    lengths = _lengths(shape[0], shape[1]) if with_lengths else None
+    assert torch.autograd.gradcheck(lambda *a: _sequence(*a, lengths=lengths, reverse=reverse), inputs)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_sequence_empty_batch(dtype):
+    """B = 0 reaches the kernels (lltm-core handles only T = 0): empty outputs, zero parameter gradients."""
+    x, weights, bias, h0, c0 = make_sequence_inputs(4, 0, 3, 8, dtype=dtype, device="cuda")
+    lengths = torch.zeros(0, dtype=torch.int64, device="cuda")
+    for kwargs in ({}, {"lengths": lengths, "reverse": True}):
+        output, h_n, c_n = _sequence(x, weights, bias, h0, c0, **kwargs)
+        assert output.shape == (4, 0, 8) and h_n.shape == c_n.shape == (0, 8)
+        grads = torch.autograd.grad(output.sum() + h_n.sum() + c_n.sum(), (x, weights, bias, h0, c0))
+        assert grads[0].shape == x.shape and grads[3].shape == h0.shape
+        assert not grads[1].any() and not grads[2].any()
+
+
+def _copies(run) -> int:
+    """How many aten::copy_ calls run() makes (from C++ too: the profiler sees every dispatched op)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        run()
+    return sum(e.count for e in prof.key_averages() if e.key == "aten::copy_")
+
+
+@pytest.mark.parametrize("with_lengths", [False, True], ids=["full", "lengths"])
+def test_sequence_copies_nothing_per_step(with_lengths):
+    """Each step's GEMM writes its slice of gates (forward) and d_h (backward) as it is, and d_W's two
+    column blocks are written in place in grad_weights: no copy grows with T, and the backward's
+    only copies are its two running state gradients."""
+    forward, backward = torch.ops.lltm_cuda.sequence_forward, torch.ops.lltm_cuda.sequence_backward
+    counts = {}
+    for T in (2, 7):
+        x, weights, bias, h0, c0 = make_sequence_inputs(T, 8, 16, 32, device="cuda", requires_grad=False)
+        lengths = _lengths(T, 8) if with_lengths else None
+        for reverse in (False, True):
+            out = forward(x, weights, bias, h0, c0, lengths, reverse)
+            grads = [torch.randn_like(t) for t in out[:3]]
+            torch.cuda.synchronize()
+            counts[T, reverse, "forward"] = _copies(lambda: forward(x, weights, bias, h0, c0, lengths, reverse))
+            counts[T, reverse, "backward"] = _copies(
+                lambda: backward(*grads, weights, x, h0, out[0], lengths, *out[3:], reverse, True))
+    for key, n in counts.items():
+        assert n == counts[(2,) + key[1:]], counts
+        if key[2] == "backward":
+            assert n <= 2, counts
+
+
+def test_sequence_runs_on_the_current_stream():
+    """If a kernel or GEMM ran on the default stream it would read c0 before the side stream wrote it."""
+    x, weights, bias, h0, c0 = make_sequence_inputs(8, 32, 16, 256, device="cuda", requires_grad=False)
+    lengths = _lengths(8, 32)
+    want = _sequence(x, weights, bias, h0, c0, lengths=lengths)
+    side = torch.cuda.Stream()
+    late_c0 = torch.zeros_like(c0)
+    torch.cuda.synchronize()
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(50_000_000)  # keep the side stream busy for tens of milliseconds
+        late_c0.copy_(c0)
+        got = _sequence(x, weights, bias, h0, late_c0, lengths=lengths)
+    side.synchronize()
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w)
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
+def test_sequence_runs_on_the_tensors_device():
+    inputs = make_sequence_inputs(3, 4, 3, 16, device="cuda:1")
+    with torch.cuda.device(0):
+        got = _sequence(*inputs, lengths=torch.tensor([3, 1, 2, 3], device="cuda:1"))
+    want = _sequence(*[t.detach().double() for t in inputs], lengths=torch.tensor([3, 1, 2, 3]).cuda(1),
+                     backend="ref")
+    for g, w in zip(got, want):
+        assert max_rel_error(g, w) <= tolerance(torch.float32)
+
+
+def test_sequence_honours_allow_tf32():
+    """The input projection and the per-step GEMMs are ATen's: TF32 changes their rounding only when allowed."""
+    inputs = make_sequence_inputs(4, 64, 512, 256, device="cuda", requires_grad=False)
+    reference = _sequence(*[t.double() for t in inputs], backend="ref")[0]
+    saved = torch.backends.cuda.matmul.allow_tf32
+    try:
+        errors = {}
+        for allow in (False, True):
+            torch.backends.cuda.matmul.allow_tf32 = allow
+            errors[allow] = (_sequence(*inputs)[0].double() - reference).abs().max().item()
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = saved
+    assert errors[True] > 10 * errors[False], errors
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_sequence_misaligned_gradient_takes_the_element_path(dtype):
+    """An output gradient at an odd address (a contiguous view one element in) computes the same numbers."""
+    x, weights, bias, h0, c0 = make_sequence_inputs(4, 5, 3, 64, dtype=dtype, device="cuda", requires_grad=False)
+    lengths = _lengths(4, 5)
+    out = torch.ops.lltm_cuda.sequence_forward(x, weights, bias, h0, c0, lengths, True)
+    grads = [torch.randn_like(t) for t in out[:3]]
+    backward = torch.ops.lltm_cuda.sequence_backward
+    want = backward(*grads, weights, x, h0, out[0], lengths, *out[3:], True, True)
+    got = backward(_offset_copy(grads[0]), *grads[1:], weights, x, h0, out[0], lengths, *out[3:], True, True)
+    for name, g, w in zip(("grad_input", "grad_weights", "grad_bias", "grad_h0", "grad_c0"), got, want):
+        assert max_rel_error(g, w) <= tolerance(dtype), name
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_layer_matches_ref(dtype):
+    """LLTMLayer, two layers both ways, on lltm-cuda's sequence kernels against lltm-ref's in float64."""
+    torch.manual_seed(torch.initial_seed())
+    layer = lltm_core.LLTMLayer(6, 16, 2, bidirectional=True, backend="cuda", device="cuda", dtype=dtype)
+    ref = lltm_core.LLTMLayer(6, 16, 2, bidirectional=True, backend="ref", device="cuda", dtype=torch.float64)
+    ref.load_state_dict({k: v.double() for k, v in layer.state_dict().items()})
+    x = torch.randn(7, 3, 6, device="cuda", dtype=dtype, requires_grad=True)
+    got = layer(x)
+    got = (got[0], *got[1])
+    x_ref = x.detach().double().requires_grad_()
+    want = ref(x_ref)
+    want = (want[0], *want[1])
+    upstream = [torch.randn(t.shape, dtype=torch.float64, device="cuda") for t in want]
+    grads = torch.autograd.grad(got, [x, *layer.parameters()], [u.to(dtype) for u in upstream])
+    want_grads = torch.autograd.grad(want, [x_ref, *ref.parameters()], upstream)
+    names = ["output", "h_n", "c_n", "grad_input"] + [f"grad_{n}" for n, _ in layer.named_parameters()]
+    errors = {n: max_rel_error(g, w) for n, g, w in zip(names, (*got, *grads), (*want, *want_grads))}
+    assert max(errors.values()) <= tolerance(dtype), errors
