@@ -1,0 +1,338 @@
+"""lltm-cpu's fused sequence kernels (torch.ops.lltm_cpu.sequence_forward / sequence_backward).
+
+Checked against lltm-ref's sequence kernels (the algorithm they follow), against
+the tutorial's cell looped in float64 (the kit's oracle), and through float64
+gradcheck.  The GEMM routes other than this process's run in subprocesses
+(LLTM_CPU_GEMM is read once), as do other thread counts.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import lltm_core
+import lltm_ref
+from lltm_core.testing import make_sequence_inputs, max_rel_error, reference_sequence, tolerance
+
+pytestmark = pytest.mark.usefixtures("lltm_seed")
+
+DTYPES = [torch.float32, torch.float64, torch.bfloat16]
+# (T, B, I, S): length-1 sequences, one row, odd sizes that leave partial
+# vectors at every ISA's width, a batch that splits unevenly over threads, and
+# a state past 1024.
+SHAPES = [(1, 1, 1, 1), (4, 3, 5, 7), (5, 33, 6, 129), (2, 2, 3, 1100)]
+ROUTES = ("mkl-packed", "mkl", "aten")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def cpu_backend():
+    return lltm_core.get_backend("cpu")
+
+
+def shape_id(shape) -> str:
+    return "T{}-B{}-I{}-S{}".format(*shape)
+
+
+def random_lengths(steps: int, batch: int) -> torch.Tensor:
+    """Unsorted lengths in [1, T], with a 1 and a T among them where the batch has room."""
+    lengths = torch.randint(1, steps + 1, (batch,))
+    lengths[0] = 1
+    if batch > 1:
+        lengths[-1] = steps
+    return lengths[torch.randperm(batch)]
+
+
+def run_fused(inputs, lengths, reverse, grads):
+    """The backend's sequence, forward and backward, through lltm_core's autograd."""
+    inputs = [t.detach().requires_grad_() for t in inputs]
+    outputs = lltm_core.lltm_sequence(*inputs, lengths=lengths, reverse=reverse, backend="cpu")
+    return [*outputs, *torch.autograd.grad(outputs, inputs, grads)]
+
+
+def run_oracle(inputs, lengths, reverse, grads):
+    """The tutorial's cell looped over each sequence alone, in float64, differentiated by autograd."""
+    inputs = [t.detach().double().requires_grad_() for t in inputs]
+    outputs = reference_sequence(*inputs, lengths=lengths, reverse=reverse)
+    return [*outputs, *torch.autograd.grad(outputs, inputs, [g.double() for g in grads])]
+
+
+NAMES = ["output", "h_n", "c_n", "grad_input", "grad_weights", "grad_bias", "grad_h0", "grad_c0"]
+
+
+def errors_against_oracle(shape, dtype, lengths, reverse) -> dict:
+    T, B, I, S = shape
+    inputs = make_sequence_inputs(T, B, I, S, dtype=dtype)
+    grads = [torch.randn(T, B, S, dtype=torch.float64).to(dtype), *(torch.randn(B, S).to(dtype) for _ in range(2))]
+    got = run_fused(inputs, lengths, reverse, grads)
+    want = run_oracle(inputs, lengths, reverse, grads)
+    return {name: max_rel_error(g, w) for name, g, w in zip(NAMES, got, want)}
+
+
+@pytest.mark.parametrize("reverse", [False, True], ids=["forward", "reverse"])
+@pytest.mark.parametrize("with_lengths", [False, True], ids=["full", "lengths"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", SHAPES, ids=shape_id)
+def test_matches_looped_cell(shape, dtype, with_lengths, reverse):
+    """Outputs and every gradient against the tutorial's cell looped in float64."""
+    T, B = shape[:2]
+    lengths = random_lengths(T, B) if with_lengths else None
+    errors = errors_against_oracle(shape, dtype, lengths, reverse)
+    bad = {k: v for k, v in errors.items() if v > tolerance(dtype)}
+    assert not bad, f"relative error above {tolerance(dtype)} (lengths {lengths}): {bad}"
+
+
+@pytest.mark.parametrize("reverse", [False, True], ids=["forward", "reverse"])
+@pytest.mark.parametrize("with_lengths", [False, True], ids=["full", "lengths"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_matches_lltm_ref_kernels(dtype, with_lengths, reverse):
+    """The operators against lltm-ref's sequence kernels, called the same way, saved tensors included."""
+    T, B, I, S = 6, 9, 5, 33
+    inputs = [t.detach() for t in make_sequence_inputs(T, B, I, S, dtype=dtype)]
+    lengths = random_lengths(T, B) if with_lengths else None
+    ops = torch.ops.lltm_cpu
+    got = ops.sequence_forward(*inputs, lengths, reverse)
+    want = lltm_ref.sequence_forward(*inputs, lengths, reverse)
+    loose = 5 * tolerance(dtype)  # two implementations in `dtype`, not one against float64
+    for name, g, w in zip(["output", "h_n", "c_n"], got, want):
+        assert max_rel_error(g, w) <= loose, name
+    # Saved tensors: where a row took part in a step (elsewhere lltm-cpu saves zeros, lltm-ref whatever it computed).
+    valid = torch.ones(T, B, 1, dtype=torch.bool) if lengths is None else (
+        torch.arange(T).unsqueeze(1) < lengths.unsqueeze(0)).unsqueeze(2)
+    for name, g, w in zip(["gates", "tanh_cell"], got[3:], want[3:]):
+        assert g.shape == w.shape
+        assert max_rel_error(g * valid, w * valid) <= loose, name
+    x, weights, _, h0, _ = inputs
+    upstream = [torch.randn(T, B, S, dtype=torch.float64).to(dtype), torch.randn(B, S).to(dtype),
+                torch.randn(B, S).to(dtype)]
+    got_grads = ops.sequence_backward(*upstream, weights, x, h0, got[0], lengths, *got[3:], reverse, True)
+    want_grads = lltm_ref.sequence_backward(*upstream, weights, x, h0, want[0], lengths, *want[3:], reverse, True)
+    for name, g, w in zip(NAMES[3:], got_grads, want_grads):
+        assert max_rel_error(g, w) <= loose, name
+
+
+@pytest.mark.parametrize("reverse", [False, True], ids=["forward", "reverse"])
+@pytest.mark.parametrize("with_lengths", [False, True], ids=["full", "lengths"])
+def test_gradcheck(with_lengths, reverse):
+    T, B, I, S = 4, 3, 2, 5
+    inputs = make_sequence_inputs(T, B, I, S, dtype=torch.float64)
+    lengths = torch.tensor([2, 4, 1]) if with_lengths else None
+
+    def sequence(*args):
+        return lltm_core.lltm_sequence(*args, lengths=lengths, reverse=reverse, backend="cpu")
+
+    assert torch.autograd.gradcheck(sequence, inputs)
+
+
+def test_gradcheck_fast_mode_large():
+    inputs = make_sequence_inputs(3, 17, 4, 130, dtype=torch.float64)
+    lengths = random_lengths(3, 17)
+    assert torch.autograd.gradcheck(
+        lambda *a: lltm_core.lltm_sequence(*a, lengths=lengths, backend="cpu"), inputs, fast_mode=True)
+
+
+def test_full_lengths_are_no_lengths():
+    T, B, I, S = 5, 4, 3, 9
+    inputs = [t.detach() for t in make_sequence_inputs(T, B, I, S)]
+    for reverse in (False, True):
+        plain = torch.ops.lltm_cpu.sequence_forward(*inputs, None, reverse)
+        full = torch.ops.lltm_cpu.sequence_forward(*inputs, torch.full((B,), T), reverse)
+        for a, b in zip(plain, full):
+            assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_empty_batch(dtype):
+    T, I, S = 3, 4, 5
+    inputs = make_sequence_inputs(T, 0, I, S, dtype=dtype)
+    output, h_n, c_n = lltm_core.lltm_sequence(*inputs, backend="cpu")
+    assert (output.shape, h_n.shape, c_n.shape) == ((T, 0, S), (0, S), (0, S))
+    (output.sum() + h_n.sum() + c_n.sum()).backward()
+    x, weights, bias, h0, c0 = inputs
+    assert x.grad.shape == (T, 0, I) and h0.grad.shape == (0, S) and c0.grad.shape == (0, S)
+    assert torch.equal(weights.grad, torch.zeros_like(weights)) and torch.equal(bias.grad, torch.zeros_like(bias))
+
+
+@pytest.mark.parametrize("layout", ["dense", "broadcast", "batch-broadcast", "transposed"])
+def test_any_grad_output_strides(layout):
+    """sequence_backward reads grad_output rows of any stride, and rows that are one broadcast value."""
+    T, B, I, S = 4, 5, 3, 17
+    inputs = [t.detach() for t in make_sequence_inputs(T, B, I, S)]
+    output, h_n, c_n, *saved = torch.ops.lltm_cpu.sequence_forward(*inputs, None, False)
+    dense = torch.randn(T, B, S)
+    grad_output = {
+        "dense": dense,
+        "broadcast": torch.tensor(0.7).expand(T, B, S),
+        "batch-broadcast": dense[:, :1, :].expand(T, B, S),
+        "transposed": dense.transpose(0, 2).contiguous().transpose(0, 2),
+    }[layout]
+    x, weights, _, h0, _ = inputs
+    zeros = torch.zeros(B, S)
+    got = torch.ops.lltm_cpu.sequence_backward(grad_output, zeros, zeros, weights, x, h0, output, None, *saved,
+                                               False, True)
+    want = torch.ops.lltm_cpu.sequence_backward(grad_output.contiguous(), zeros, zeros, weights, x, h0, output, None,
+                                                *saved, False, True)
+    for a, b in zip(got, want):
+        assert torch.equal(a, b)
+
+
+def test_new_memory_and_arguments_untouched():
+    """Every result is new memory, none a view of another or of an argument, and no argument is written."""
+    T, B, I, S = 3, 4, 5, 6
+    inputs = [t.detach() for t in make_sequence_inputs(T, B, I, S)]
+
+    def storages(tensors):
+        return [t.untyped_storage().data_ptr() for t in tensors if t.numel()]
+
+    for lengths in (None, torch.tensor([3, 1, 2, 3])):
+        before = [t.clone() for t in inputs]
+        forward = torch.ops.lltm_cpu.sequence_forward(*inputs, lengths, True)
+        assert all(torch.equal(a, b) for a, b in zip(inputs, before))
+        x, weights, _, h0, _ = inputs
+        args = [torch.randn(T, B, S), torch.randn(B, S), torch.randn(B, S), weights, x, h0, forward[0], *forward[3:]]
+        before = [t.clone() for t in args]
+        backward = torch.ops.lltm_cpu.sequence_backward(*args[:7], lengths, *args[7:], True, True)
+        assert all(torch.equal(a, b) for a, b in zip(args, before))
+        for results, arguments in ((forward, inputs), (backward, args)):
+            assert len(set(storages(results))) == len(storages(results))
+            assert not set(storages(results)) & set(storages(arguments))
+
+
+def test_operators_take_noncontiguous_inputs():
+    T, B, I, S = 3, 4, 5, 6
+    inputs = [t.detach() for t in make_sequence_inputs(T, B, I, S)]
+    strided = [t.transpose(0, -1).contiguous().transpose(0, -1) if t.dim() > 1 else t.repeat_interleave(2)[::2]
+               for t in inputs]
+    assert not any(t.is_contiguous() for t in strided)
+    for got, want in zip(torch.ops.lltm_cpu.sequence_forward(*strided, None, False),
+                         torch.ops.lltm_cpu.sequence_forward(*inputs, None, False)):
+        assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda a: a.update(lengths=torch.tensor([1, 4, 2])), r"lengths must be in \[1, 3\], got 4 at 1"),
+        (lambda a: a.update(lengths=torch.tensor([1, 2])), r"lengths must have shape \[3\]"),
+        (lambda a: a.update(lengths=torch.tensor([1, 2, 3], dtype=torch.int32)), "lengths must be an int64"),
+        (lambda a: a.update(c0=a["c0"][:, :-1]), r"c0 must have shape \[3, 4\]"),
+        (lambda a: a.update(weights=a["weights"].double()), "weights has dtype Double, expected Float"),
+    ],
+    ids=["length-too-long", "lengths-shape", "lengths-dtype", "c0-shape", "mixed-dtypes"],
+)
+def test_operator_names_the_bad_argument(change, message):
+    names = ["input", "weights", "bias", "h0", "c0"]
+    args = dict(zip(names, [t.detach() for t in make_sequence_inputs(3, 3, 2, 4)]), lengths=None)
+    change(args)
+    with pytest.raises(RuntimeError, match=message):
+        torch.ops.lltm_cpu.sequence_forward(*(args[n] for n in names), args["lengths"], False)
+
+
+def test_saved_memory_within_the_contract():
+    """At most (6S + I)·T·B elements saved per layer and direction, counting each storage once
+    (input and output included; the weights and h0 are the only other tensors autograd keeps)."""
+    T, B, I, S = 6, 5, 7, 11
+    inputs = make_sequence_inputs(T, B, I, S)
+    saved = {}
+
+    def pack(t):
+        saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes() // t.element_size()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        output, _, _ = lltm_core.lltm_sequence(*inputs, backend="cpu")
+    weights, h0 = inputs[1], inputs[3]
+    per_step = sum(saved.values()) - weights.numel() - h0.numel()
+    assert per_step <= (6 * S + I) * T * B
+    assert output.untyped_storage().data_ptr() in saved  # output counted, not copied
+
+    saved.clear()
+    with torch.no_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        lltm_core.lltm_sequence(*inputs, backend="cpu")
+    assert not saved
+
+
+def test_reported_as_fused():
+    """`lltm info` reads lltm_core.backend_report(): cpu runs sequences in its own kernels."""
+    (record,) = [r for r in lltm_core.backend_report() if r["name"] == "cpu" and r["status"] == "available"]
+    assert record["sequence_kernels"] is True
+    assert 2 in lltm_core.get_backend("cpu").interface_versions
+
+
+def test_layer_uses_the_fused_kernels():
+    """LLTMLayer on cpu calls the sequence kernels, not the step kernels looped."""
+    assert lltm_core.get_backend("cpu").has_sequence_kernels
+    layer = lltm_core.LLTMLayer(3, 4, num_layers=2, bidirectional=True, backend="cpu")
+    with torch.autograd.profiler.profile() as prof:
+        layer(torch.randn(5, 2, 3))
+    names = [e.name for e in prof.function_events]
+    assert names.count("lltm_cpu::sequence_forward") == 4  # 2 layers x 2 directions
+    assert "lltm_cpu::forward" not in names
+
+
+def test_default_gemm_route():
+    """This torch (x86-64, MKL) gets MKL's packed GEMM for float32, MKL for float64, ATen for bfloat16."""
+    if os.environ.get("LLTM_CPU_GEMM"):
+        pytest.skip(f"LLTM_CPU_GEMM={os.environ['LLTM_CPU_GEMM']} chose the route")
+    if not torch.backends.mkl.is_available():
+        pytest.skip("this torch has no MKL: every route is ATen's")
+    routes = [torch.ops.lltm_cpu.sequence_gemm(dtype) for dtype in (torch.float32, torch.float64, torch.bfloat16)]
+    assert routes == ["mkl-packed", "mkl", "aten"]
+
+
+def run_this_file(env: dict, seed: int, *extra: str) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "--lltm-seed", str(seed),
+               "-k", "not in_subprocess", *extra]
+    return subprocess.run(command, env={**os.environ, **env}, capture_output=True, text=True)
+
+
+@pytest.mark.parametrize("route", ["blas", "aten"])
+def test_other_gemm_routes_in_subprocess(route, lltm_seed):
+    """The rest of this file with LLTM_CPU_GEMM=blas (MKL, unpacked) and =aten (at::mm only)."""
+    probe = [sys.executable, "-c", "import lltm_core, torch; lltm_core.get_backend('cpu'); "
+             "print(torch.ops.lltm_cpu.sequence_gemm(torch.float32), torch.ops.lltm_cpu.sequence_gemm(torch.float64))"]
+    env = {**os.environ, "LLTM_CPU_GEMM": route}
+    chosen = subprocess.run(probe, env=env, capture_output=True, text=True, check=True).stdout.split()
+    expected = {"blas": ["mkl", "mkl"], "aten": ["aten", "aten"]}[route]
+    if route == "blas" and not torch.backends.mkl.is_available():
+        expected = ["aten", "aten"]
+    assert chosen == expected
+    run = run_this_file({"LLTM_CPU_GEMM": route}, lltm_seed)
+    assert run.returncode == 0, f"with LLTM_CPU_GEMM={route}:\n{run.stdout[-4000:]}{run.stderr[-2000:]}"
+
+
+def test_bad_gemm_route_is_an_error_in_subprocess():
+    probe = [sys.executable, "-c", "import lltm_core, torch; lltm_core.get_backend('cpu'); "
+             "torch.ops.lltm_cpu.sequence_gemm(torch.float32)"]
+    run = subprocess.run(probe, env={**os.environ, "LLTM_CPU_GEMM": "fast"}, capture_output=True, text=True)
+    assert run.returncode != 0
+    assert "LLTM_CPU_GEMM must be packed, blas or aten (or unset), got 'fast'" in run.stderr
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+def test_thread_counts_in_subprocess(threads, lltm_seed):
+    """One thread (no blocks of rows at all) and three (more blocks than this machine has cores)."""
+    run = run_this_file({"OMP_NUM_THREADS": str(threads)}, lltm_seed, "-k", "matches and not in_subprocess")
+    assert run.returncode == 0, f"with {threads} threads:\n{run.stdout[-4000:]}{run.stderr[-2000:]}"
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_same_results_for_any_thread_count(threads):
+    """Each row's recurrence is the same whichever block it falls in: results agree to rounding."""
+    T, B, I, S = 7, 11, 6, 40
+    inputs = [t.detach() for t in make_sequence_inputs(T, B, I, S)]
+    lengths = random_lengths(T, B)
+    previous = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        want = torch.ops.lltm_cpu.sequence_forward(*inputs, lengths, True)
+        torch.set_num_threads(threads)
+        got = torch.ops.lltm_cpu.sequence_forward(*inputs, lengths, True)
+    finally:
+        torch.set_num_threads(previous)
+    for a, b in zip(got, want):
+        assert max_rel_error(a, b) <= 1e-6
