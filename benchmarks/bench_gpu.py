@@ -1,10 +1,10 @@
-"""lltm-cuda against eager PyTorch and torch.compile, and its kernels against the GPU's ceilings.
+"""lltm-cuda against eager PyTorch, torch.compile and cuDNN's nn.LSTM, and its kernels against the GPU's ceilings.
 
 Run from the repository root on a machine with a CUDA GPU and lltm-cuda installed::
 
-    python benchmarks/bench_gpu.py --markdown benchmarks/results/h200.md
+    python benchmarks/bench_gpu.py --markdown benchmarks/results/h200.md [--part cell|sequence]
 
-Two kinds of measurement, all float32 with torch's default matmul precision
+The cell (``--part cell``), float32 with torch's default matmul precision
 (TF32 off; the report says which was in force):
 
 * The seed's method, at B16 I32 S128 and B4096 I1024 S2048: one forward,
@@ -15,6 +15,18 @@ Two kinds of measurement, all float32 with torch's default matmul precision
 * Device time at the big size: the forward against the gate GEMM alone
   (CUDA events), and each fused pointwise kernel's bandwidth (counted bytes
   over its kernel time from the profiler) against a device-to-device copy.
+
+The sequence (``--part sequence``), in float32 and bfloat16, at T64 B16 I32 S128
+and T64 B256 I1024 S1024: ``lltm_core.lltm_sequence`` on lltm-cuda's sequence
+kernels against ``torch.nn.LSTM`` (cuDNN where torch uses it; the report says
+whether it did), forward and forward+backward (the upstream gradient a fixed
+random tensor, input and parameters requiring grad), as device time per call over
+back-to-back calls (CUDA events), so a host-bound loop counts its launch gaps.
+At the large size the forward is also held against its own GEMMs alone (the input
+projection and the T recurrent GEMMs, replayed from a CUDA graph: no launch gaps),
+and at the small size the raw sequence ops are timed eagerly and replayed from a
+CUDA graph, to measure what launch cost the per-step loop pays and so whether
+capturing it in a graph would pay off.
 
 Without a GPU it says so and exits 0: there is nothing to measure.
 """
@@ -237,22 +249,208 @@ def run(args) -> list[str]:
     return lines
 
 
+# --- the sequence ----------------------------------------------------------------------------
+
+SEQUENCE_SIZES = {"small": (64, 16, 32, 128), "large": (64, 256, 1024, 1024)}  # (T, B, I, S)
+SEQUENCE_DTYPES = (torch.float32, torch.bfloat16)
+SEQUENCE_TARGETS = {  # lltm-cuda / baseline, at most
+    ("small", "fwd+bwd vs nn.LSTM"): 1.0,
+    ("large", "fwd+bwd vs nn.LSTM"): 0.85,
+    ("large", "forward vs its GEMMs"): 1.10,
+}
+
+
+def sequence_inputs(size, dtype):
+    """(x, weights, bias, h0, c0) for lltm_sequence, scaled as the kit scales them; x and the parameters need grad."""
+    from lltm_core.testing import make_sequence_inputs
+
+    x, weights, bias, h0, c0 = make_sequence_inputs(*size, dtype=dtype, device="cuda", requires_grad=False)
+    return x.requires_grad_(), weights.requires_grad_(), bias.requires_grad_(), h0, c0
+
+
+def cudnn_used(lstm, x, state) -> bool:
+    """Whether this nn.LSTM call ran cuDNN's RNN (aten::_cudnn_rnn) rather than torch's own cell loop."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        lstm(x, state)
+    return any("cudnn_rnn" in event.key for event in prof.key_averages())
+
+
+def graphed(fn):
+    """fn captured in a CUDA graph (after a warm-up on a side stream, as torch's docs say): returns replay."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
+
+
+def sequence_agreement(size, dtype) -> float:
+    """Largest relative error of lltm-cuda's sequence (outputs, all gradients) against lltm-ref's in float64."""
+    from lltm_core.testing import max_rel_error
+
+    inputs = [t.detach().requires_grad_() for t in sequence_inputs(size, dtype)]
+    got = lltm_core.lltm_sequence(*inputs, backend="cuda")
+    upstream = [torch.randn(t.shape, dtype=torch.float64, device="cuda") for t in got]
+    grads = torch.autograd.grad(got, inputs, [u.to(dtype) for u in upstream])
+    ref_inputs = [t.detach().double().requires_grad_() for t in inputs]
+    want = lltm_core.lltm_sequence(*ref_inputs, backend="ref")
+    want_grads = torch.autograd.grad(want, ref_inputs, upstream)
+    return max(max_rel_error(g, w) for g, w in zip((*got, *grads), (*want, *want_grads)))
+
+
+def run_sequence(args) -> list[str]:
+    from lltm_core.testing import tolerance
+
+    lltm_core.get_backend("cuda", device="cuda", dtype=torch.float32)  # raises with the reason
+    lines = [
+        f"TF32 matmul allowed: {torch.backends.cuda.matmul.allow_tf32}; cuDNN {torch.backends.cudnn.version()}. "
+        f"Device time per call (CUDA events over {args.sequence_calls} back-to-back calls, median of "
+        f"{args.sequence_rounds} rounds, candidates interleaved). nn.LSTM has 4 gates of S to the LLTM's 3.",
+        "",
+        "| size | dtype | measure | lltm-cuda | baseline | ratio | target | result |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+
+    def row(size_name, dtype, measure, ours, base, base_name):
+        target = SEQUENCE_TARGETS.get((size_name, measure))
+        ratio = ours / base
+        T, B, I, S = SEQUENCE_SIZES[size_name]
+        lines.append(
+            f"| T{T} B{B} I{I} S{S} | {str(dtype)[6:]} | {measure} | {ours:.3f} ms | {base:.3f} ms ({base_name}) "
+            f"| {ratio:.3f} | {f'<= {target}' if target else '-'} | {verdict(ratio, target) if target else '-'} |")
+
+    for size_name, size in SEQUENCE_SIZES.items():
+        T, B, I, S = size
+        for dtype in SEQUENCE_DTYPES:
+            where = f"T{T} B{B} I{I} S{S} {str(dtype)[6:]}"
+            error = sequence_agreement(size, dtype)
+            print(f"{where}: lltm-cuda sequence vs lltm-ref in float64, largest relative error {error:.2e}", flush=True)
+            if not error <= tolerance(dtype):  # reported, and still timed: the kit and GPU tests judge correctness
+                lines.append(f"| T{T} B{B} I{I} S{S} | {str(dtype)[6:]} | agreement with lltm-ref | {error:.2e} | "
+                             f"| | <= {tolerance(dtype)} | FAIL |")
+            x, weights, bias, h0, c0 = sequence_inputs(size, dtype)
+            lstm = torch.nn.LSTM(I, S, device="cuda", dtype=dtype)
+            grad_out = torch.randn(T, B, S, device="cuda", dtype=dtype)
+            baseline = "cuDNN nn.LSTM" if cudnn_used(lstm, x, (h0[None], c0[None])) else "nn.LSTM, NOT cuDNN"
+
+            def lltm_forward():
+                return lltm_core.lltm_sequence(x, weights, bias, h0, c0, backend="cuda")[0]
+
+            def lstm_forward():
+                return lstm(x, (h0[None], c0[None]))[0]
+
+            def lltm_step():
+                torch.autograd.backward(lltm_forward(), grad_out)
+
+            def lstm_step():
+                torch.autograd.backward(lstm_forward(), grad_out)
+
+            ms = interleaved_device_ms({"lltm fwd": lltm_forward, "lstm fwd": lstm_forward, "lltm step": lltm_step,
+                                        "lstm step": lstm_step}, rounds=args.sequence_rounds,
+                                       calls=args.sequence_calls)
+            row(size_name, dtype, "forward vs nn.LSTM", ms["lltm fwd"], ms["lstm fwd"], baseline)
+            row(size_name, dtype, "fwd+bwd vs nn.LSTM", ms["lltm step"], ms["lstm step"], baseline)
+
+            if size_name == "large":
+                # The forward's own GEMMs, as it issues them, replayed from a graph: their device time alone.
+                w = weights.detach()
+                x2d, w_x_t, w_h_t, b = x.detach().view(T * B, I), w[:, S:].t(), w[:, :S].t(), bias.detach()
+                gates = torch.empty(T, B, 3 * S, device="cuda", dtype=dtype)
+                h = torch.randn(B, S, device="cuda", dtype=dtype)
+
+                def gemms():
+                    torch.addmm(b, x2d, w_x_t, out=gates.view(T * B, 3 * S))
+                    for t in range(T):
+                        gates[t].addmm_(h, w_h_t)
+
+                with torch.no_grad():
+                    try:
+                        floor, how = graphed(gemms), "its GEMMs, graph-replayed"
+                    except Exception as exc:  # an eager floor is still a floor, only a looser one
+                        print(f"{where}: capturing the GEMMs failed ({type(exc).__name__}: {exc}); timing them eagerly",
+                              file=sys.stderr)
+                        floor, how = gemms, "its GEMMs, eager"
+                    ms = interleaved_device_ms({"forward": lltm_forward, "gemms": floor}, rounds=args.sequence_rounds,
+                                               calls=args.sequence_calls)
+                row(size_name, dtype, "forward vs its GEMMs", ms["forward"], ms["gemms"], how)
+
+    T, B, I, S = SEQUENCE_SIZES["small"]
+    lines += ["", f"Launch cost at T{T} B{B} I{I} S{S} float32: the raw sequence ops (no autograd), eager against "
+              "the same calls replayed from one CUDA graph. A ratio well under 1 says the per-step loop is "
+              "launch-bound and a graph, reused for repeated shapes, would pay.", "",
+              "| measure | eager | graph replay | graph / eager | result |", "| --- | --- | --- | --- | --- |"]
+    lines += graph_rows(args)
+    return lines
+
+
+def graph_rows(args) -> list[str]:
+    T, B, I, S = SEQUENCE_SIZES["small"]
+    x, weights, bias, h0, c0 = (t.detach() for t in sequence_inputs(SEQUENCE_SIZES["small"], torch.float32))
+    grads = [torch.randn(shape, device="cuda") for shape in ((T, B, S), (B, S), (B, S))]
+    forward, backward = torch.ops.lltm_cuda.sequence_forward, torch.ops.lltm_cuda.sequence_backward
+    results = {}
+
+    def fwd():
+        results["fwd"] = forward(x, weights, bias, h0, c0, None, False)
+
+    def fwd_bwd():
+        out = forward(x, weights, bias, h0, c0, None, False)
+        results["fwd+bwd"] = (out[0], *backward(*grads, weights, x, h0, out[0], None, *out[3:], False, True))
+
+    rows = []
+    for name, fn in (("forward", fwd), ("forward+backward", fwd_bwd)):
+        key = "fwd" if fn is fwd else "fwd+bwd"
+        try:
+            fn()
+            want = [t.clone() for t in results[key]]
+            replay = graphed(fn)
+            replay()
+            torch.cuda.synchronize()
+            if not all(max_rel_error(g, w) <= 1e-5 for g, w in zip(results[key], want)):
+                rows.append(f"| {name} | | | | FAIL: the graph's replay computed other numbers than the eager call |")
+                continue
+            ms = interleaved_device_ms({"eager": fn, "graph": replay}, rounds=args.sequence_rounds,
+                                       calls=args.sequence_calls)
+        except Exception as exc:  # not capturable is an answer too (then no graph can pay), not a wrong result
+            rows.append(f"| {name} | | | | not measured: {type(exc).__name__}: {str(exc).splitlines()[0][:120]} |")
+            continue
+        rows.append(f"| {name} | {ms['eager']:.3f} ms | {ms['graph']:.3f} ms | {ms['graph'] / ms['eager']:.3f} | "
+                    f"measured |")
+    return rows
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--markdown", metavar="PATH", help="also write the report to this Markdown file")
-    parser.add_argument("--rounds", type=int, default=300, help="timed rounds at the small size (a tenth at the big)")
+    parser.add_argument("--rounds", type=int, default=300, help="cell: timed rounds at the small size (a tenth at the big)")
+    parser.add_argument("--part", choices=("all", "cell", "sequence"), default="all",
+                        help="what to measure: the cell, the sequence, or both (default)")
+    parser.add_argument("--sequence-rounds", type=int, default=10, help="sequence: timed rounds per candidate")
+    parser.add_argument("--sequence-calls", type=int, default=10, help="sequence: back-to-back calls per round")
     args = parser.parse_args(argv)
     why = cuda_unavailable_reason()
     failed = 0
     if why is not None:
-        lines = [f"bench_gpu.py: nothing measured: {why}. Run it on a CUDA GPU."]
+        lines = [f"bench_gpu.py: nothing measured ({args.part}): {why}. Run it on a CUDA GPU."]
     else:
-        lines = run(args)
+        lines = []
+        if args.part in ("all", "cell"):
+            lines += ["### The cell", ""] + run(args)
+        if args.part in ("all", "sequence"):
+            lines += ([""] if lines else []) + ["### The sequence: lltm_sequence against nn.LSTM", ""]
+            lines += run_sequence(args)
         # The last line is what gpu_check.sh shows for this step.  A missed target
         # is a result to report (with its floor); a FAIL row is a check that went wrong.
-        failed = sum(line.rstrip().endswith("| FAIL |") for line in lines)
+        failed = sum("| FAIL" in line for line in lines)
         missed = sum(line.rstrip().endswith("| MISSED |") for line in lines)
-        lines += ["", f"bench_gpu.py: {failed} check(s) FAIL, {missed} target(s) MISSED (see the tables)."]
+        lines += ["", f"bench_gpu.py ({args.part}): {failed} check(s) FAIL, {missed} target(s) MISSED (see the tables)."]
     report = "\n".join(lines) + "\n"
     print(report, end="")
     if args.markdown:

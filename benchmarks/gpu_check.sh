@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Every GPU check of lltm-cuda in one run, sized for one device call (about 8 minutes):
-# build lltm-core, lltm-ref and lltm-cuda from this tree against the machine's torch,
-# run the conformance kit on CUDA in all four dtypes, lltm-cuda's own GPU tests, and
-# benchmarks/bench_gpu.py.
+# build lltm-core, lltm-ref and lltm-cuda from this tree against the machine's torch (with
+# whatever CUDA_HOME the machine has: unset, setup.py finds the toolkit itself, as for a user),
+# run the conformance kit (the cell and the sequence) on CUDA in all four dtypes, lltm-cuda's
+# own GPU tests, and benchmarks/bench_gpu.py: the sequence against cuDNN's nn.LSTM (with the
+# CUDA-graph launch-cost measurement), then the cell.
 #
 #   OUT=/some/dir bash benchmarks/gpu_check.sh      (from anywhere; OUT defaults to a temp dir)
 #
@@ -35,11 +37,9 @@ BUDGET=${GPU_CHECK_SECONDS:-480}
 export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0}
 export MAX_JOBS=${MAX_JOBS:-$(nproc)}
 export PYTHONUNBUFFERED=1
-# torch guesses the toolkit root from `which nvcc`, which is wrong for a wrapper script.
-if [[ -z ${CUDA_HOME:-} && -x /usr/local/cuda/bin/nvcc ]]; then
-    export CUDA_HOME=/usr/local/cuda
-fi
+# Only to report nvcc's version: the build finds its toolkit itself (setup.py says which).
 NVCC=${CUDA_HOME:+$CUDA_HOME/bin/}nvcc
+command -v "$NVCC" >/dev/null || NVCC=/usr/local/cuda/bin/nvcc
 NO_GPU=
 export LLTM_SEED=${LLTM_SEED:-$RANDOM}
 STEP_LOGS=$(mktemp -d)  # not under $OUT: only a few files may come back from there
@@ -85,7 +85,7 @@ checks() {
             echo "gpu_check.sh: no CUDA device visible to $PYTHON's torch: run this on the GPU machine (DRY_RUN=1 tries every step anyway)."
             return 2
         fi
-        echo "DRY_RUN=1: no GPU; going on, the GPU tests and the benchmark will skip."
+        echo "DRY_RUN=1: no GPU; going on, the GPU tests and the benchmarks will skip."
         NO_GPU=1
     fi
     # Into the interpreter's own site-packages when it may write there, else (or with
@@ -99,17 +99,22 @@ checks() {
         export PYTHONPATH=$site${PYTHONPATH:+:$PYTHONPATH}
         echo "installing into $site (on PYTHONPATH), not $PYTHON's site-packages"
     fi
-    # Without the three packages nothing else can run.
-    step build 200 "$PYTHON" -m pip install "${site_args[@]}" --no-build-isolation --no-deps --no-index \
-        . ./backends/lltm_ref ./backends/lltm_cuda || return 1
+    # Without the three packages nothing else can run.  The last line names the toolkit used.
+    step build 200 bash -c '"$0" -m pip install "$@" && "$0" -c "from lltm_cuda import _build_info as b
+print(\"lltm-cuda built for torch\", b.TORCH_VERSION, \"arch\", b.ARCH_LIST, \"with the CUDA toolkit at\", b.CUDA_HOME)"' \
+        "$PYTHON" "${site_args[@]}" --no-build-isolation --no-deps --no-index . ./backends/lltm_ref ./backends/lltm_cuda \
+        || return 1
     step conformance-kit 150 "$PYTHON" -m pytest -p no:cacheprovider -q -rs --pyargs lltm_core.testing \
         --lltm-backend cuda --lltm-device cuda --lltm-seed "$LLTM_SEED" \
         --lltm-dtype float32 --lltm-dtype float64 --lltm-dtype float16 --lltm-dtype bfloat16 || true
     # On the GPU machine, lltm-cuda failing to load is an error, not a skip.
     LLTM_REQUIRE_GPU=$([[ -n $NO_GPU ]] && echo 0 || echo 1) \
-        step gpu-tests 90 "$PYTHON" -m pytest -p no:cacheprovider -q -rs backends/lltm_cuda/tests \
+        step gpu-tests 120 "$PYTHON" -m pytest -p no:cacheprovider -q -rs backends/lltm_cuda/tests \
         --lltm-seed "$LLTM_SEED" || true
-    step benchmark 150 "$PYTHON" benchmarks/bench_gpu.py --markdown "$STEP_LOGS/bench.md" || true
+    # The sequence first: it is bounded (about a minute); the cell's torch.compile is what may overrun.
+    step benchmark-sequence 120 "$PYTHON" benchmarks/bench_gpu.py --part sequence \
+        --markdown "$STEP_LOGS/bench_sequence.md" || true
+    step benchmark-cell 150 "$PYTHON" benchmarks/bench_gpu.py --part cell --markdown "$STEP_LOGS/bench_cell.md" || true
     [[ ${RESULTS[*]} != *FAIL* ]]
 }
 
@@ -133,12 +138,15 @@ report() {
     echo "| step | result | seconds | last line |"
     echo "| --- | --- | --- | --- |"
     printf '%s\n' "${RESULTS[@]}"
-    if [[ -f $STEP_LOGS/bench.md ]]; then
-        echo
-        echo "## Benchmark (benchmarks/bench_gpu.py)"
-        echo
-        cat "$STEP_LOGS/bench.md"
-    fi
+    local part
+    for part in sequence cell; do
+        if [[ -f $STEP_LOGS/bench_$part.md ]]; then
+            echo
+            echo "## Benchmark: the $part (benchmarks/bench_gpu.py --part $part)"
+            echo
+            cat "$STEP_LOGS/bench_$part.md"
+        fi
+    done
 }
 
 status=0
