@@ -3,7 +3,8 @@
 Checked against lltm-ref's sequence kernels (the algorithm they follow), against
 the tutorial's cell looped in float64 (the kit's oracle), and through float64
 gradcheck.  The GEMM routes other than this process's run in subprocesses
-(LLTM_CPU_GEMM is read once), as do other thread counts.
+(LLTM_CPU_GEMM is read once), as do other thread counts; brgemm's own
+fallback (oneDNN turned off) runs here.
 """
 
 from __future__ import annotations
@@ -275,13 +276,30 @@ def test_layer_uses_the_fused_kernels():
 
 
 def test_default_gemm_route():
-    """This torch (x86-64, MKL) gets MKL's packed GEMM for float32, MKL for float64, ATen for bfloat16."""
+    """This torch (x86-64, MKL) sends float32's recurrent GEMMs to brgemm, float64's to MKL, bfloat16's to ATen."""
     if os.environ.get("LLTM_CPU_GEMM"):
         pytest.skip(f"LLTM_CPU_GEMM={os.environ['LLTM_CPU_GEMM']} chose the route")
-    if not torch.backends.mkl.is_available():
-        pytest.skip("this torch has no MKL: every route is ATen's")
     routes = [torch.ops.lltm_cpu.sequence_gemm(dtype) for dtype in (torch.float32, torch.float64, torch.bfloat16)]
-    assert routes == ["mkl-packed", "mkl", "aten"]
+    assert routes == ["brgemm", "mkl" if torch.backends.mkl.is_available() else "aten", "aten"]
+
+
+@pytest.mark.parametrize("reverse", [False, True], ids=["forward", "reverse"])
+def test_brgemm_without_onednn(reverse):
+    """With oneDNN turned off, torch's brgemm computes through its own GEMM: same results."""
+    T, B, I, S = 5, 7, 4, 33
+    inputs = [t.detach() for t in make_sequence_inputs(T, B, I, S)]
+    lengths = random_lengths(T, B)
+    with_onednn = torch.ops.lltm_cpu.sequence_forward(*inputs, lengths, reverse)
+    enabled = torch.backends.mkldnn.enabled
+    torch.backends.mkldnn.enabled = False
+    try:
+        without = torch.ops.lltm_cpu.sequence_forward(*inputs, lengths, reverse)
+        errors = errors_against_oracle((T, B, I, S), torch.float32, lengths, reverse)
+    finally:
+        torch.backends.mkldnn.enabled = enabled
+    for a, b in zip(with_onednn, without):
+        assert max_rel_error(a, b) <= tolerance(torch.float32)
+    assert max(errors.values()) <= tolerance(torch.float32), errors
 
 
 def run_this_file(env: dict, seed: int, *extra: str) -> subprocess.CompletedProcess:
@@ -290,17 +308,16 @@ def run_this_file(env: dict, seed: int, *extra: str) -> subprocess.CompletedProc
     return subprocess.run(command, env={**os.environ, **env}, capture_output=True, text=True)
 
 
-@pytest.mark.parametrize("route", ["blas", "aten"])
+@pytest.mark.parametrize("route", ["mkl-packed", "mkl", "aten"])
 def test_other_gemm_routes_in_subprocess(route, lltm_seed):
-    """The rest of this file with LLTM_CPU_GEMM=blas (MKL, unpacked) and =aten (at::mm only)."""
+    """The rest of this file with the recurrent GEMMs on MKL's packed GEMM, on MKL's sgemm, and on at::mm."""
     probe = [sys.executable, "-c", "import lltm_core, torch; lltm_core.get_backend('cpu'); "
              "print(torch.ops.lltm_cpu.sequence_gemm(torch.float32), torch.ops.lltm_cpu.sequence_gemm(torch.float64))"]
     env = {**os.environ, "LLTM_CPU_GEMM": route}
     chosen = subprocess.run(probe, env=env, capture_output=True, text=True, check=True).stdout.split()
-    expected = {"blas": ["mkl", "mkl"], "aten": ["aten", "aten"]}[route]
-    if route == "blas" and not torch.backends.mkl.is_available():
-        expected = ["aten", "aten"]
-    assert chosen == expected
+    mkl = "mkl" if torch.backends.mkl.is_available() else "aten"
+    expected = {"mkl-packed": ["mkl-packed" if mkl == "mkl" else mkl, mkl], "mkl": [mkl, mkl], "aten": ["aten", "aten"]}
+    assert chosen == expected[route]
     run = run_this_file({"LLTM_CPU_GEMM": route}, lltm_seed)
     assert run.returncode == 0, f"with LLTM_CPU_GEMM={route}:\n{run.stdout[-4000:]}{run.stderr[-2000:]}"
 
@@ -310,7 +327,7 @@ def test_bad_gemm_route_is_an_error_in_subprocess():
              "torch.ops.lltm_cpu.sequence_gemm(torch.float32)"]
     run = subprocess.run(probe, env={**os.environ, "LLTM_CPU_GEMM": "fast"}, capture_output=True, text=True)
     assert run.returncode != 0
-    assert "LLTM_CPU_GEMM must be packed, blas or aten (or unset), got 'fast'" in run.stderr
+    assert "LLTM_CPU_GEMM must be brgemm, mkl-packed, mkl or aten (or unset), got 'fast'" in run.stderr
 
 
 @pytest.mark.parametrize("threads", [1, 3])

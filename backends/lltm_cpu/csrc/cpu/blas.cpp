@@ -3,7 +3,9 @@
 #include "blas.h"
 
 #include <ATen/Context.h>
+#include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
+#include <ATen/native/CPUBlas.h>
 #include <ATen/ops/from_blob.h>
 #include <ATen/ops/mm.h>
 #include <c10/core/impl/alloc_cpu.h>
@@ -84,22 +86,27 @@ const Mkl& mkl() {
   return functions;
 }
 
-// LLTM_CPU_GEMM: the fastest route allowed, before the dtype narrows it.
-Route allowed_route() {
+// LLTM_CPU_GEMM: the recurrent GEMMs' route asked for, before the platform
+// and the dtype narrow it.
+Route requested_route() {
   static const Route route = [] {
     const char* env = std::getenv("LLTM_CPU_GEMM");
     const std::string wanted = env == nullptr ? "" : env;
-    if (wanted.empty() || wanted == "packed") {
-      return Route::kMklPacked;
+    for (const Route candidate : {Route::kBrgemm, Route::kMklPacked, Route::kMkl, Route::kAten}) {
+      if (wanted == route_name(candidate)) {
+        return candidate;
+      }
     }
-    if (wanted == "blas") {
-      return Route::kMkl;
-    }
-    TORCH_CHECK(wanted == "aten", "lltm_cpu: LLTM_CPU_GEMM must be packed, blas or aten (or unset), got '", wanted,
-                "'");
-    return Route::kAten;
+    TORCH_CHECK(wanted.empty(), "lltm_cpu: LLTM_CPU_GEMM must be brgemm, mkl-packed, mkl or aten (or unset), got '",
+                wanted, "'");
+    return Route::kBrgemm;
   }();
   return route;
+}
+
+// The other GEMMs (over all steps at once) use MKL unless the route is ATen's.
+bool big_gemms_use_mkl(c10::ScalarType dtype) {
+  return dtype != c10::kBFloat16 && requested_route() != Route::kAten && mkl().has_gemm();
 }
 
 bool fits_int(std::initializer_list<int64_t> sizes) {
@@ -150,18 +157,24 @@ void zero_or_keep(int64_t m, int64_t n, bool accumulate, scalar_t* c, int64_t ld
 }  // namespace
 
 Route route_for(c10::ScalarType dtype) {
-  const Route allowed = allowed_route();
-  if (dtype == c10::kBFloat16 || allowed == Route::kAten || !mkl().has_gemm()) {
+  const Route requested = requested_route();
+  if (dtype == c10::kBFloat16 || requested == Route::kAten) {
     return Route::kAten;
   }
-  if (dtype == c10::kFloat && allowed == Route::kMklPacked && mkl().has_packed()) {
+  if (dtype == c10::kFloat && requested == Route::kBrgemm) {
+    return Route::kBrgemm;  // torch's own, with torch's fallback inside
+  }
+  if (dtype == c10::kFloat && requested == Route::kMklPacked && mkl().has_packed()) {
     return Route::kMklPacked;
   }
-  return Route::kMkl;  // float64 has no packed GEMM in torch's MKL
+  // float64 has no brgemm or packed GEMM in torch: MKL's dgemm.
+  return mkl().has_gemm() ? Route::kMkl : Route::kAten;
 }
 
 const char* route_name(Route route) {
   switch (route) {
+    case Route::kBrgemm:
+      return "brgemm";
     case Route::kMklPacked:
       return "mkl-packed";
     case Route::kMkl:
@@ -184,7 +197,7 @@ void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const sca
   }
   constexpr c10::ScalarType dtype = c10::CppTypeToScalarType<scalar_t>::value;
   if constexpr (!std::is_same_v<scalar_t, c10::BFloat16>) {
-    if (route_for(dtype) != Route::kAten && fits_int({m, n, k, lda, ldb, ldc})) {
+    if (big_gemms_use_mkl(dtype) && fits_int({m, n, k, lda, ldb, ldc})) {
       mkl_gemm(trans_a, trans_b, m, n, k, a, lda, b, ldb, accumulate, c, ldc);
       return;
     }
@@ -194,24 +207,47 @@ void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const sca
 
 template <typename scalar_t>
 RightOperand<scalar_t>::RightOperand(bool trans_b, int64_t max_m, int64_t n, int64_t k, const scalar_t* b,
-                                     int64_t ldb)
-    : trans_b_(trans_b), n_(n), k_(k), b_(b), ldb_(ldb) {
+                                     int64_t ldb, bool threaded)
+    : route_(route_for(c10::CppTypeToScalarType<scalar_t>::value)), trans_b_(trans_b), n_(n), k_(k), b_(b), ldb_(ldb) {
+  if (route_ == Route::kBrgemm && threaded) {
+    route_ = mkl().has_gemm() ? Route::kMkl : Route::kAten;
+  }
+  if (max_m == 0 || n == 0 || k == 0) {
+    return;
+  }
   if constexpr (std::is_same_v<scalar_t, float>) {
-    if (route_for(c10::kFloat) == Route::kMklPacked && max_m > 0 && n > 0 && k > 0 && fits_int({max_m, n, k, ldb})) {
+    if (route_ == Route::kBrgemm && trans_b) {
+      // B is stored n x k; brgemm reads k x n rows.
+      auto* transposed = static_cast<float*>(c10::alloc_cpu(n * k * sizeof(float)));
+      constexpr int64_t kTile = 16;  // tiles keep both sides' cache lines in use
+      for (int64_t row0 = 0; row0 < n; row0 += kTile) {
+        for (int64_t col0 = 0; col0 < k; col0 += kTile) {
+          for (int64_t row = row0; row < std::min(row0 + kTile, n); ++row) {
+            for (int64_t col = col0; col < std::min(col0 + kTile, k); ++col) {
+              transposed[col * n + row] = b[row * ldb + col];
+            }
+          }
+        }
+      }
+      buffer_ = transposed;
+      b_ = transposed;
+      ldb_ = n;
+      trans_b_ = false;
+    } else if (route_ == Route::kMklPacked && fits_int({max_m, n, k, ldb})) {
       const Mkl& f = mkl();
       const size_t bytes = f.sgemm_pack_get_size(kBMatrix, static_cast<int>(max_m), static_cast<int>(n),
                                                  static_cast<int>(k));
-      packed_ = c10::alloc_cpu(bytes);
+      buffer_ = c10::alloc_cpu(bytes);
       f.sgemm_pack(kRowMajor, kBMatrix, trans_b ? kTrans : kNoTrans, static_cast<int>(max_m), static_cast<int>(n),
-                   static_cast<int>(k), 1.0f, b, static_cast<int>(ldb), static_cast<float*>(packed_));
+                   static_cast<int>(k), 1.0f, b, static_cast<int>(ldb), static_cast<float*>(buffer_));
     }
   }
 }
 
 template <typename scalar_t>
 RightOperand<scalar_t>::~RightOperand() {
-  if (packed_ != nullptr) {
-    c10::free_cpu(packed_);
+  if (buffer_ != nullptr) {
+    c10::free_cpu(buffer_);
   }
 }
 
@@ -219,11 +255,22 @@ template <typename scalar_t>
 void RightOperand<scalar_t>::multiply(int64_t m, const scalar_t* a, int64_t lda, bool accumulate, scalar_t* c,
                                       int64_t ldc) const {
   if constexpr (std::is_same_v<scalar_t, float>) {
-    if (packed_ != nullptr && m > 0 && fits_int({lda, ldc})) {
-      mkl().sgemm_compute(kRowMajor, kNoTrans, kPacked, static_cast<int>(m), static_cast<int>(n_),
-                          static_cast<int>(k_), a, static_cast<int>(lda), static_cast<const float*>(packed_),
-                          static_cast<int>(n_), accumulate ? 1.0f : 0.0f, c, static_cast<int>(ldc));
-      return;
+    if (m > 0 && n_ > 0 && k_ > 0) {
+      if (route_ == Route::kBrgemm && !trans_b_) {
+        // A micro-kernel: a few dozen rows at a time keep its C tile in registers and cache.
+        constexpr int64_t kRowsPerCall = 64;
+        for (int64_t row = 0; row < m; row += kRowsPerCall) {
+          at::native::cpublas::brgemm(std::min(kRowsPerCall, m - row), n_, k_, lda, ldb_, ldc, accumulate,
+                                      a + row * lda, b_, c + row * ldc);
+        }
+        return;
+      }
+      if (route_ == Route::kMklPacked && buffer_ != nullptr && fits_int({lda, ldc})) {
+        mkl().sgemm_compute(kRowMajor, kNoTrans, kPacked, static_cast<int>(m), static_cast<int>(n_),
+                            static_cast<int>(k_), a, static_cast<int>(lda), static_cast<const float*>(buffer_),
+                            static_cast<int>(n_), accumulate ? 1.0f : 0.0f, c, static_cast<int>(ldc));
+        return;
+      }
     }
   }
   gemm(false, trans_b_, m, n_, k_, a, lda, b_, ldb_, accumulate, c, ldc);

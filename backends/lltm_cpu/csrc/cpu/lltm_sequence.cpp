@@ -53,8 +53,11 @@ constexpr int64_t kMinMacsPerThread = int64_t{1} << 18;
 constexpr int64_t kThreadedStepGemmMacs = int64_t{1} << 22;
 
 // Splits the batch into at most one block of rows per thread, runs
-// `loop(block, row_begin, row_end)` for each, and returns the number of
-// blocks.  `macs_per_row`: the recurrent GEMMs' work for one row, all steps.
+// `loop(block, row_begin, row_end, blas_threads)` for each, and returns the
+// number of blocks.  `macs_per_row`: the recurrent GEMMs' work for one row,
+// all steps; `step_gemm_macs`: one step's GEMM for the whole batch.
+// blas_threads: the block's GEMMs may use MKL's threads (a single block with
+// large GEMMs); otherwise they run single-threaded.
 template <typename Loop>
 int64_t for_row_blocks(int64_t batch, int64_t macs_per_row, int64_t step_gemm_macs, const Loop& loop) {
   if (batch == 0) {
@@ -67,8 +70,9 @@ int64_t for_row_blocks(int64_t batch, int64_t macs_per_row, int64_t step_gemm_ma
   const auto run_block = [&](int64_t block) {
     const int64_t row_begin = block * batch / blocks;
     const int64_t row_end = (block + 1) * batch / blocks;
-    const blas::SingleThreaded single_threaded(blocks > 1 || step_gemm_macs < kThreadedStepGemmMacs);
-    loop(block, row_begin, row_end);
+    const bool blas_threads = blocks == 1 && step_gemm_macs >= kThreadedStepGemmMacs;
+    const blas::SingleThreaded single_threaded(!blas_threads);
+    loop(block, row_begin, row_end, blas_threads);
   };
   if (blocks == 1) {
     run_block(0);
@@ -166,9 +170,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> sequence_
                          gates_data, 3 * S);
 
     const auto step_pass = pointwise_kernels<scalar_t>().sequence_forward;
-    for_row_blocks(B, T * 3 * S * S, B * 3 * S * S, [&](int64_t, int64_t row_begin, int64_t row_end) {
+    for_row_blocks(B, T * 3 * S * S, B * 3 * S * S, [&](int64_t, int64_t row_begin, int64_t row_end, bool blas_threads) {
       const int64_t rows = row_end - row_begin;
-      const blas::RightOperand<scalar_t> w_h(/*trans_b=*/true, rows, 3 * S, S, w, ldw);  // h W_h^T
+      const blas::RightOperand<scalar_t> w_h(/*trans_b=*/true, rows, 3 * S, S, w, ldw, blas_threads);  // h W_h^T
       const scalar_t* h_prev = hidden_data != nullptr ? hidden_data + row_begin * S : h0_data + row_begin * S;
       for (int64_t i = 0; i < T; ++i) {
         const int64_t t = reverse ? T - 1 - i : i;
@@ -268,9 +272,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> sequence_
     std::vector<opmath_t> bias_sums(at::get_num_threads() * 3 * S, opmath_t(0));
     const auto step_pass = pointwise_kernels<scalar_t>().sequence_backward;
     const int64_t blocks =
-        for_row_blocks(B, T * 3 * S * S, B * 3 * S * S, [&](int64_t block, int64_t row_begin, int64_t row_end) {
+        for_row_blocks(B, T * 3 * S * S, B * 3 * S * S, [&](int64_t block, int64_t row_begin, int64_t row_end,
+                                                            bool blas_threads) {
           const int64_t rows = row_end - row_begin;
-          const blas::RightOperand<scalar_t> w_h(/*trans_b=*/false, rows, S, 3 * S, w, ldw);  // d_gates W_h
+          const blas::RightOperand<scalar_t> w_h(/*trans_b=*/false, rows, S, 3 * S, w, ldw, blas_threads);  // d_gates W_h
           for (int64_t i = 0; i < T; ++i) {
             const int64_t t = reverse ? i : T - 1 - i;  // the steps, last first
             const int64_t first_row = t * B + row_begin;
@@ -340,8 +345,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> sequence_
   return {grad_input, grad_weights, grad_bias, grad_h0, grad_c0};
 }
 
-// Which GEMMs the sequence kernels use for this dtype: "mkl-packed", "mkl" or
-// "aten" (for tests and benchmarks, which must know which path they measured).
+// Which route the sequence kernels' recurrent GEMMs take for this dtype:
+// "brgemm", "mkl-packed", "mkl" or "aten" (for tests and benchmarks, which
+// must know which path they measured).
 std::string sequence_gemm(at::ScalarType dtype) {
   return blas::route_name(blas::route_for(dtype));
 }
