@@ -165,7 +165,7 @@ def train(steps: int = 150, *, batch: int = 32, length: int = 30, state_size: in
         how = f"{world} processes ({dist.get_backend()})" if distributed else "1 process"
         where = f"resuming from {resume} at step {start_step}" if resume else "from scratch"
         print(f"training on {device.type}, {how}, with lltm backend {chosen!r}, {where} "
-              f"({steps} steps, batch {batch}, length {length}, {layers} layers"
+              f"({steps} steps, batch {batch}, length {length}, {layers} layer{'s' * (layers != 1)}"
               f"{', bidirectional' if bidirectional else ''}, dropout {dropout})", flush=True)
     began = time.perf_counter()
     for step in range(start_step + 1, steps + 1):
@@ -201,15 +201,16 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=150, help="train up to this step (default 150)")
     p.add_argument("--backend", default=None, help="lltm backend name (default: the best available)")
     p.add_argument("--device", default="cpu", help="cpu or cuda (under torchrun, each process on cuda:LOCAL_RANK)")
-    p.add_argument("--layers", type=int, default=2)
-    p.add_argument("--bidirectional", action="store_true")
+    p.add_argument("--layers", type=int, default=2, help="stacked LLTM layers (default 2)")
+    p.add_argument("--bidirectional", action="store_true",
+                   help="a reverse direction too (it reads the future: exercises the layer, not the task)")
     p.add_argument("--dropout", type=float, default=0.1, help="between layers (default 0.1)")
     p.add_argument("--batch", type=int, default=32, help="global batch, split over the processes (default 32)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="of the initial weights, the data and dropout")
     p.add_argument("--save", metavar="PATH", help="write a checkpoint here at the end (and every --save-every steps)")
-    p.add_argument("--save-every", type=int, default=0, metavar="K")
+    p.add_argument("--save-every", type=int, default=0, metavar="K", help="also every K steps")
     p.add_argument("--resume", metavar="PATH", help="continue from this checkpoint")
-    p.add_argument("--log-every", type=int, default=25, metavar="K")
+    p.add_argument("--log-every", type=int, default=25, metavar="K", help="print the loss every K steps")
     args = p.parse_args()
 
     env = _torchrun_env()
