@@ -24,9 +24,9 @@ pytestmark = pytest.mark.usefixtures("lltm_seed")
 
 DTYPES = [torch.float32, torch.float64, torch.bfloat16]
 # (T, B, I, S): length-1 sequences, one row, odd sizes that leave partial
-# vectors at every ISA's width, a batch that splits unevenly over threads, and
-# a state past 1024.
-SHAPES = [(1, 1, 1, 1), (4, 3, 5, 7), (5, 33, 6, 129), (2, 2, 3, 1100)]
+# vectors at every ISA's width, a batch that splits unevenly over threads, a
+# state past 1024, and one row with GEMMs large enough to run on MKL's threads.
+SHAPES = [(1, 1, 1, 1), (4, 3, 5, 7), (5, 33, 6, 129), (2, 2, 3, 1100), (2, 1, 3, 1200)]
 ROUTES = ("mkl-packed", "mkl", "aten")
 
 

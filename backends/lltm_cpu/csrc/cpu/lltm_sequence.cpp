@@ -16,9 +16,9 @@
 // Threads: a batch row's recurrence reads only that row of the previous
 // step, so the time loop runs once per block of batch rows, one block per
 // thread, with no synchronisation between steps and each block's GEMMs
-// single-threaded (on weights that thread packed itself).  The GEMMs over all
-// steps run before and after the loop, on all threads.  Small problems run on
-// one thread.
+// single-threaded, on its own copy of W_h laid out for them (see
+// blas::RightOperand).  The GEMMs over all steps run before and after the
+// loop, on all threads.  Small problems run on one thread.
 //
 // Nothing is allocated inside the loop and no ATen operator is called there,
 // except GEMMs on the ATen route (bfloat16, or where torch has no MKL: see
@@ -28,7 +28,6 @@
 #include <ATen/ThreadLocalState.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
-#include <ATen/ops/zeros.h>
 #include <torch/library.h>
 
 #include <algorithm>
@@ -63,7 +62,8 @@ int64_t for_row_blocks(int64_t batch, int64_t macs_per_row, int64_t step_gemm_ma
   if (batch == 0) {
     return 0;
   }
-  const int64_t rows_per_thread = std::max<int64_t>(1, at::divup(kMinMacsPerThread, std::max<int64_t>(macs_per_row, 1)));
+  const int64_t rows_per_thread =
+      std::max<int64_t>(1, at::divup(kMinMacsPerThread, std::max<int64_t>(macs_per_row, 1)));
   const int64_t blocks = at::in_parallel_region()
                              ? 1
                              : std::clamp<int64_t>(batch / rows_per_thread, 1, at::get_num_threads());
@@ -170,9 +170,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> sequence_
                          gates_data, 3 * S);
 
     const auto step_pass = pointwise_kernels<scalar_t>().sequence_forward;
-    for_row_blocks(B, T * 3 * S * S, B * 3 * S * S, [&](int64_t, int64_t row_begin, int64_t row_end, bool blas_threads) {
+    const auto loop = [&](int64_t, int64_t row_begin, int64_t row_end, bool blas_threads) {
       const int64_t rows = row_end - row_begin;
-      const blas::RightOperand<scalar_t> w_h(/*trans_b=*/true, rows, 3 * S, S, w, ldw, blas_threads);  // h W_h^T
+      // h W_h^T
+      const blas::RightOperand<scalar_t> w_h(/*trans_b=*/true, rows, 3 * S, S, w, ldw, blas_threads);
       const scalar_t* h_prev = hidden_data != nullptr ? hidden_data + row_begin * S : h0_data + row_begin * S;
       for (int64_t i = 0; i < T; ++i) {
         const int64_t t = reverse ? T - 1 - i : i;
@@ -194,7 +195,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> sequence_
           h_prev = output_data + first_row * S;  // without lengths, h_t is output[t]
         }
       }
-    });
+    };
+    for_row_blocks(B, T * 3 * S * S, B * 3 * S * S, loop);
   });
   if (!lengths.has_value()) {
     h_n.copy_(output[reverse ? 0 : T - 1]);
@@ -271,35 +273,36 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> sequence_
     // (the same order every run).
     std::vector<opmath_t> bias_sums(at::get_num_threads() * 3 * S, opmath_t(0));
     const auto step_pass = pointwise_kernels<scalar_t>().sequence_backward;
-    const int64_t blocks =
-        for_row_blocks(B, T * 3 * S * S, B * 3 * S * S, [&](int64_t block, int64_t row_begin, int64_t row_end,
-                                                            bool blas_threads) {
-          const int64_t rows = row_end - row_begin;
-          const blas::RightOperand<scalar_t> w_h(/*trans_b=*/false, rows, S, 3 * S, w, ldw, blas_threads);  // d_gates W_h
-          for (int64_t i = 0; i < T; ++i) {
-            const int64_t t = reverse ? i : T - 1 - i;  // the steps, last first
-            const int64_t first_row = t * B + row_begin;
-            scalar_t* grad_gates_t = grad_gates_data + first_row * 3 * S;
-            const SequenceBackwardStep<scalar_t> pass{
-                grad_output_data + t * grad_output_step_stride + row_begin * grad_output_row_stride,
-                grad_output_row_stride,
-                grad_output_broadcast_row,
-                grad_h_data + row_begin * S,
-                grad_c_data + row_begin * S,
-                gates_data + first_row * 3 * S,
-                tanh_cell_data + first_row * S,
-                grad_gates_t,
-                bias_sums.data() + block * 3 * S,
-                lengths_data != nullptr ? lengths_data + row_begin : nullptr,
-                t,
-                rows,
-                S};
-            step_pass(pass);
-            // The gradient of h_{t-1}.  With lengths the pass zeroed the rows
-            // that took part, and the rest keep theirs: so add.
-            w_h.multiply(rows, grad_gates_t, 3 * S, /*accumulate=*/lengths_data != nullptr, grad_h_data + row_begin * S, S);
-          }
-        });
+    const auto loop = [&](int64_t block, int64_t row_begin, int64_t row_end, bool blas_threads) {
+      const int64_t rows = row_end - row_begin;
+      // d_gates W_h
+      const blas::RightOperand<scalar_t> w_h(/*trans_b=*/false, rows, S, 3 * S, w, ldw, blas_threads);
+      for (int64_t i = 0; i < T; ++i) {
+        const int64_t t = reverse ? i : T - 1 - i;  // the steps, last first
+        const int64_t first_row = t * B + row_begin;
+        scalar_t* grad_gates_t = grad_gates_data + first_row * 3 * S;
+        scalar_t* grad_h_rows = grad_h_data + row_begin * S;
+        const SequenceBackwardStep<scalar_t> pass{
+            grad_output_data + t * grad_output_step_stride + row_begin * grad_output_row_stride,
+            grad_output_row_stride,
+            grad_output_broadcast_row,
+            grad_h_rows,
+            grad_c_data + row_begin * S,
+            gates_data + first_row * 3 * S,
+            tanh_cell_data + first_row * S,
+            grad_gates_t,
+            bias_sums.data() + block * 3 * S,
+            lengths_data != nullptr ? lengths_data + row_begin : nullptr,
+            t,
+            rows,
+            S};
+        step_pass(pass);
+        // The gradient of h_{t-1}.  With lengths the pass zeroed the rows
+        // that took part, and the rest keep theirs: so add.
+        w_h.multiply(rows, grad_gates_t, 3 * S, /*accumulate=*/lengths_data != nullptr, grad_h_rows, S);
+      }
+    };
+    const int64_t blocks = for_row_blocks(B, T * 3 * S * S, B * 3 * S * S, loop);
     scalar_t* grad_bias_data = grad_bias.data_ptr<scalar_t>();
     for (int64_t col = 0; col < 3 * S; ++col) {
       opmath_t sum = 0;

@@ -266,8 +266,8 @@ void sequence_forward_pass(const SequenceForwardStep<scalar_t>& p) {
       auto load = [count](const scalar_t* ptr) { return M::load(ptr, count); };
       auto store = [count](const V& value, scalar_t* ptr) { M::store(value, ptr, count); };
 
-      const CellForward<V> cell =
-          cell_forward(load(gates + col), load(gates + S + col), load(gates + 2 * S + col), load(p.cell + row_offset + col));
+      const CellForward<V> cell = cell_forward(load(gates + col), load(gates + S + col), load(gates + 2 * S + col),
+                                               load(p.cell + row_offset + col));
       const V new_h = cell.tanh_cell * cell.output_gate;
       store(cell.input_gate, gates + col);
       store(cell.output_gate, gates + S + col);
@@ -307,7 +307,8 @@ void sequence_backward_pass(const SequenceBackwardStep<scalar_t>& p) {
         (V::loadu(sum, count) + grad).store(sum, count);
       };
 
-      const V upstream = p.grad_output_broadcast_row ? V(static_cast<opmath_t>(grad_output[0])) : load(grad_output + col);
+      const V upstream =
+          p.grad_output_broadcast_row ? V(static_cast<opmath_t>(grad_output[0])) : load(grad_output + col);
       const V grad_h = load(p.grad_h + row_offset + col) + upstream;
       const CellBackward<V> grads = cell_backward(
           grad_h, load(p.grad_cell + row_offset + col), load(p.tanh_cell + row_offset + col), load(gates + col),
