@@ -134,8 +134,7 @@ def load_backend():
         priority=100,
         interface_versions=(1, 2),
         availability=lambda: unavailable,
-        description="fused C++ kernels, vectorised per CPU instruction set (AVX2, AVX-512); "
-        "sequences with the time loop in C++",
+        description="fused C++ kernels, vectorised per CPU instruction set (AVX2, AVX-512)",
         sequence_forward=sequence_forward,
         sequence_backward=sequence_backward,
         sequence_saved_layout=sequence_saved_layout,
