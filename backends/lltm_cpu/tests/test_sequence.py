@@ -354,5 +354,6 @@ def test_same_results_for_any_thread_count(threads):
         got = torch.ops.lltm_cpu.sequence_forward(*inputs, lengths, True)
     finally:
         torch.set_num_threads(previous)
+    # MKL's GEMMs may round a block of rows differently from the whole batch.
     for a, b in zip(got, want):
-        assert max_rel_error(a, b) <= 1e-6
+        assert max_rel_error(a, b) <= tolerance(torch.float32)
