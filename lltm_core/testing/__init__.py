@@ -153,6 +153,8 @@ def reference_sequence(input, weights, bias, h0, c0, *, lengths=None, reverse=Fa
     """
     T, B, _ = input.shape
     S = h0.shape[1]
+    if B == 0:
+        return input.new_zeros(T, 0, S), h0.clone(), c0.clone()
     outputs, h_n, c_n = [], [], []
     for b in range(B):
         steps = T if lengths is None else int(lengths[b])
