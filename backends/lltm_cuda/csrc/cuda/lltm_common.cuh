@@ -50,6 +50,38 @@ __device__ __forceinline__ T elu_derivative(T x) {
   return x > T(0) ? T(1) : std::exp(x);
 }
 
+// One cell at one element, in T (the opmath type): the step's and the sequence's kernels both
+// run it.  From the pre-activation gates and the previous cell: the new cell, tanh of it, and h.
+template <typename T>
+struct CellForward {
+  T cell, tanh_cell, h;
+};
+
+template <typename T>
+__device__ __forceinline__ CellForward<T> cell_forward(T pre_i, T pre_o, T pre_z, T old_cell) {
+  const T cell = old_cell + elu(pre_z) * sigmoid(pre_i);
+  const T tanh_c = std::tanh(cell);
+  return {cell, tanh_c, tanh_c * sigmoid(pre_o)};
+}
+
+// Back through it: the gradients of the pre-activation gates and of the previous cell, from the
+// pre-activation gates, tanh(new cell) and the gradients of the new h and the new cell.
+template <typename T>
+struct CellBackward {
+  T d_i, d_o, d_z, d_old_cell;
+};
+
+template <typename T>
+__device__ __forceinline__ CellBackward<T> cell_backward(T pre_i, T pre_o, T pre_z, T tanh_c, T grad_h, T grad_cell) {
+  const T i = sigmoid(pre_i);
+  const T o = sigmoid(pre_o);
+  // new_h = tanh(new_cell) * o, new_cell = old_cell + elu(z) * i; with no forget gate the old
+  // cell's gradient is the new cell's.
+  const T d_cell = (T(1) - tanh_c * tanh_c) * o * grad_h + grad_cell;
+  return {elu(pre_z) * d_cell * i * (T(1) - i), tanh_c * grad_h * o * (T(1) - o), i * d_cell * elu_derivative(pre_z),
+          d_cell};
+}
+
 // Element e = row * S + col of a (B, S) tensor sits at gates[row * 3S + col]
 // in the first gate chunk (+S, +2S for the others).
 __device__ __forceinline__ int64_t gate_offset(int64_t e, int64_t state_size) {

@@ -51,12 +51,10 @@ __global__ void lltm_forward_kernel(
     Vec<scalar_t, VEC> h, c, t;
 #pragma unroll
     for (int k = 0; k < VEC; ++k) {
-      const opmath_t cell =
-          opmath_t(cell_in.v[k]) + elu(opmath_t(pre_z.v[k])) * sigmoid(opmath_t(pre_i.v[k]));
-      const opmath_t tanh_c = std::tanh(cell);
-      c.v[k] = cell;
-      t.v[k] = tanh_c;
-      h.v[k] = tanh_c * sigmoid(opmath_t(pre_o.v[k]));
+      const auto out = cell_forward<opmath_t>(pre_i.v[k], pre_o.v[k], pre_z.v[k], cell_in.v[k]);
+      c.v[k] = out.cell;
+      t.v[k] = out.tanh_cell;
+      h.v[k] = out.h;
     }
     store<VEC>(new_h + e, h);
     store<VEC>(new_cell + e, c);
@@ -82,17 +80,11 @@ __global__ void lltm_backward_kernel(
     Vec<scalar_t, VEC> d_i, d_o, d_z, d_cell_out;
 #pragma unroll
     for (int k = 0; k < VEC; ++k) {
-      const opmath_t i = sigmoid(opmath_t(pre_i.v[k]));
-      const opmath_t o = sigmoid(opmath_t(pre_o.v[k]));
-      const opmath_t u = pre_z.v[k];
-      const opmath_t t = tanh_c.v[k];
-      const opmath_t grad_new_h = dh.v[k];
-      // new_h = tanh(new_cell) * o, new_cell = old_cell + elu(u) * i
-      const opmath_t d_cell = (opmath_t(1) - t * t) * o * grad_new_h + opmath_t(dc.v[k]);
-      d_i.v[k] = elu(u) * d_cell * i * (opmath_t(1) - i);
-      d_o.v[k] = t * grad_new_h * o * (opmath_t(1) - o);
-      d_z.v[k] = i * d_cell * elu_derivative(u);
-      d_cell_out.v[k] = d_cell;
+      const auto grad = cell_backward<opmath_t>(pre_i.v[k], pre_o.v[k], pre_z.v[k], tanh_c.v[k], dh.v[k], dc.v[k]);
+      d_i.v[k] = grad.d_i;
+      d_o.v[k] = grad.d_o;
+      d_z.v[k] = grad.d_z;
+      d_cell_out.v[k] = grad.d_old_cell;
     }
     store<VEC>(d_gates + g, d_i);
     store<VEC>(d_gates + g + state_size, d_o);

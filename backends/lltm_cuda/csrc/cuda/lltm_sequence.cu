@@ -73,11 +73,10 @@ __global__ void sequence_forward_step_kernel(
     auto c = load<VEC>(cell + e);
 #pragma unroll
     for (int k = 0; k < VEC; ++k) {
-      const opmath_t new_c = c.v[k] + elu(opmath_t(pre_z.v[k])) * sigmoid(opmath_t(pre_i.v[k]));
-      const opmath_t t = std::tanh(new_c);
-      c.v[k] = new_c;
-      tanh_c.v[k] = t;
-      new_h.v[k] = t * sigmoid(opmath_t(pre_o.v[k]));
+      const auto out = cell_forward<opmath_t>(pre_i.v[k], pre_o.v[k], pre_z.v[k], c.v[k]);
+      c.v[k] = out.cell;
+      tanh_c.v[k] = out.tanh_cell;
+      new_h.v[k] = out.h;
     }
     store<VEC>(cell + e, c);
     store<VEC>(h + e, new_h);
@@ -121,17 +120,13 @@ __global__ void sequence_backward_step_kernel(
     auto dc = load<VEC>(grad_cell + e);
 #pragma unroll
     for (int k = 0; k < VEC; ++k) {
-      const opmath_t i = sigmoid(opmath_t(pre_i.v[k]));
-      const opmath_t o = sigmoid(opmath_t(pre_o.v[k]));
-      const opmath_t u = pre_z.v[k];
-      const opmath_t t = tanh_c.v[k];
-      const opmath_t grad_new_h = opmath_t(dh.v[k]) + opmath_t(d_out.v[k]);
-      // h_t = tanh(c_t) * o, c_t = c_{t-1} + elu(u) * i
-      const opmath_t d_cell = (opmath_t(1) - t * t) * o * grad_new_h + dc.v[k];
-      d_i.v[k] = elu(u) * d_cell * i * (opmath_t(1) - i);
-      d_o.v[k] = t * grad_new_h * o * (opmath_t(1) - o);
-      d_z.v[k] = i * d_cell * elu_derivative(u);
-      dc.v[k] = d_cell;
+      // The gradient of h_t: from the output at step t and from the steps after it.
+      const opmath_t grad_h_t = opmath_t(dh.v[k]) + opmath_t(d_out.v[k]);
+      const auto grad = cell_backward<opmath_t>(pre_i.v[k], pre_o.v[k], pre_z.v[k], tanh_c.v[k], grad_h_t, dc.v[k]);
+      d_i.v[k] = grad.d_i;
+      d_o.v[k] = grad.d_o;
+      d_z.v[k] = grad.d_z;
+      dc.v[k] = grad.d_old_cell;
     }
     store<VEC>(d_gates + g, d_i);
     store<VEC>(d_gates + g + state_size, d_o);
