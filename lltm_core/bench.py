@@ -282,6 +282,11 @@ def _verify(name: str, device: str, dtype: torch.dtype, size) -> str | None:
         errors = compare_with_reference(name, make_inputs(*size, dtype=dtype, device=device))
     except Exception as exc:  # noqa: BLE001 - a backend that raises fails here, not the whole run
         return f"raised {_first_line(exc)}, while checked against the reference"
+    return _disagreement(errors, dtype)
+
+
+def _disagreement(errors: dict, dtype: torch.dtype) -> str | None:
+    """None if every relative error is within the dtype's tolerance, else a table cell naming those that are not."""
     tol = tolerance(dtype)
     bad = {k: v for k, v in errors.items() if not v <= tol}
     if bad:
@@ -315,11 +320,7 @@ def _verify_layer(name: str, device: str, dtype: torch.dtype, size, steps: int) 
         return f"raised {_first_line(exc)}, while checked against the reference"
     names = ["output", "h_n", "c_n", "grad_input", *(f"grad_{k}" for k in ref_params)]
     errors = {k: max_rel_error(g, w) for k, g, w in zip(names, (output, h_n, c_n, *grads), (*want, *want_grads))}
-    tol = tolerance(dtype)
-    bad = {k: v for k, v in errors.items() if not v <= tol}
-    if bad:
-        return "disagrees with the reference: " + ", ".join(f"{k} rel. error {v:.2g} > {tol:g}" for k, v in bad.items())
-    return None
+    return _disagreement(errors, dtype)
 
 
 def _time_group(peers: dict, backend_rows: dict, asked: bool, seconds, iterations, result):
