@@ -132,7 +132,7 @@ def load_backend():
         devices=frozenset({"cpu"}),
         dtypes=frozenset({torch.float32, torch.float64, torch.bfloat16}),
         priority=100,
-        interface_versions=(1, 2),
+        interface_versions=(1, 2, 3),
         availability=lambda: unavailable,
         description="fused C++ kernels, vectorised per CPU instruction set (AVX2, AVX-512)",
         sequence_forward=sequence_forward,

@@ -257,11 +257,68 @@ def test_saved_memory_within_the_contract():
     assert not saved
 
 
+# T23 B64 S512: the inference forward projects the input in chunks of at most
+# 2^21 gate elements, 21 steps here: two chunks (12 and 11 steps).
+@pytest.mark.parametrize("reverse", [False, True], ids=["forward", "reverse"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", [(23, 64, 5, 512), (4, 3, 5, 7)], ids=shape_id)
+def test_inference_forward_is_the_training_forward(shape, dtype, reverse):
+    """needs_backward=False (contract v3): the same results, chunk by chunk, and empty saved slots."""
+    T, B, I, S = shape
+    inputs = [t.detach() for t in make_sequence_inputs(T, B, I, S, dtype=dtype)]
+    for lengths in (None, random_lengths(T, B)):
+        training = torch.ops.lltm_cpu.sequence_forward(*inputs, lengths, reverse, True)
+        inference = torch.ops.lltm_cpu.sequence_forward(*inputs, lengths, reverse, False)
+        assert [t.shape for t in inference[3:]] == [(0,), (0,)]
+        assert all(t.dtype == dtype for t in inference)
+        for name, a, b in zip(["output", "h_n", "c_n"], training, inference):
+            assert max_rel_error(a, b) <= tolerance(dtype), name
+    # Version 2's call, without needs_backward, is the training forward.
+    assert [t.shape for t in torch.ops.lltm_cpu.sequence_forward(*inputs, None, reverse)[3:]] == [
+        (T, B, 3 * S), (T, B, S)]
+
+
+_PEAK_MEMORY_PROBE = """
+import torch, lltm_core
+from lltm_core.testing import make_sequence_inputs
+
+def status_kib(field):  # VmRSS: resident now; VmHWM: the peak since the last reset
+    for line in open("/proc/self/status"):
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+
+torch.set_num_threads(1)
+lltm_core.get_backend("cpu")
+T, B, I, S = 512, 64, 64, 512
+inputs = [t.detach() for t in make_sequence_inputs(T, B, I, S)]
+with torch.no_grad():
+    torch.ops.lltm_cpu.sequence_forward(inputs[0][:2], *inputs[1:], None, False, False)  # loads what a call needs
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # resets VmHWM to the resident set now
+    before = status_kib("VmRSS")
+    output = torch.ops.lltm_cpu.sequence_forward(*inputs, None, False, False)[0]
+    print((status_kib("VmHWM") - before) * 1024, inputs[0].nbytes, output.nbytes)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads the peak resident set from /proc (Linux)")
+def test_inference_peak_memory_in_subprocess():
+    """Contract v3: at T512 B64 I64 S512 float32 an inference forward raises the peak memory
+    by at most 1.25x (input + output): its workspace beside the output stays under a quarter of that.
+    Measured in a fresh process, as the rise of its peak resident set (reset just before the call)."""
+    run = subprocess.run([sys.executable, "-c", _PEAK_MEMORY_PROBE], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-3000:]
+    raised, input_bytes, output_bytes = map(int, run.stdout.split())
+    assert output_bytes <= raised  # the probe saw the output's pages: it measures something
+    assert raised <= 1.25 * (input_bytes + output_bytes)
+    assert raised - output_bytes <= 0.25 * (input_bytes + output_bytes)
+
+
 def test_reported_as_fused():
     """`lltm info` reads lltm_core.backend_report(): cpu runs sequences in its own kernels."""
     (record,) = [r for r in lltm_core.backend_report() if r["name"] == "cpu" and r["status"] == "available"]
     assert record["sequence_kernels"] is True
-    assert 2 in lltm_core.get_backend("cpu").interface_versions
+    assert {2, 3} <= set(lltm_core.get_backend("cpu").interface_versions)
 
 
 def test_layer_uses_the_fused_kernels():

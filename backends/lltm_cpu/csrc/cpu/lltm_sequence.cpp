@@ -9,6 +9,9 @@
 // that starts as the bias, so the bias is folded in; then each step adds its
 // recurrent GEMM h_{t-1} W_h^T into its slice of that buffer and one fused
 // pointwise pass (pointwise_impl.h) turns it into the gates, c_t and h_t.
+// Inference (needs_backward false, contract v3) saves nothing: it projects
+// the input a chunk of steps at a time into one reused buffer and writes no
+// tanh(c_t), so its memory is the output plus that buffer.
 // Backward: each step one fused pass gives d_gates_t (and sums the bias
 // gradient as it goes) and one GEMM d_gates_t W_h the gradient of h_{t-1};
 // after the loop, GEMMs over all steps at once give d_W and d_input.
@@ -32,6 +35,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <memory>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -51,43 +55,74 @@ constexpr int64_t kMinMacsPerThread = int64_t{1} << 18;
 // size on (a batch of one row with a large state).
 constexpr int64_t kThreadedStepGemmMacs = int64_t{1} << 22;
 
-// Splits the batch into at most one block of rows per thread, runs
-// `loop(block, row_begin, row_end, blas_threads)` for each, and returns the
-// number of blocks.  `macs_per_row`: the recurrent GEMMs' work for one row,
-// all steps; `step_gemm_macs`: one step's GEMM for the whole batch.
-// blas_threads: the block's GEMMs may use MKL's threads (a single block with
-// large GEMMs); otherwise they run single-threaded.
-template <typename Loop>
-int64_t for_row_blocks(int64_t batch, int64_t macs_per_row, int64_t step_gemm_macs, const Loop& loop) {
+// How the time loop splits the batch: `count` blocks of consecutive rows,
+// at most one per thread.  blas_threads: a single block whose GEMMs are large
+// enough to use MKL's threads; otherwise each block's GEMMs run on its thread
+// alone.
+struct RowBlocks {
+  int64_t batch = 0;
+  int64_t count = 0;
+  bool blas_threads = false;
+
+  int64_t begin(int64_t block) const { return block * batch / count; }
+  int64_t end(int64_t block) const { return (block + 1) * batch / count; }
+  int64_t max_rows() const { return count == 0 ? 0 : at::divup(batch, count); }
+};
+
+// `macs_per_row`: the recurrent GEMMs' work for one row, all steps;
+// `step_gemm_macs`: one step's GEMM for the whole batch.
+RowBlocks split_rows(int64_t batch, int64_t macs_per_row, int64_t step_gemm_macs) {
+  RowBlocks blocks;
+  blocks.batch = batch;
   if (batch == 0) {
-    return 0;
+    return blocks;
   }
   const int64_t rows_per_thread =
       std::max<int64_t>(1, at::divup(kMinMacsPerThread, std::max<int64_t>(macs_per_row, 1)));
-  const int64_t blocks = at::in_parallel_region()
-                             ? 1
-                             : std::clamp<int64_t>(batch / rows_per_thread, 1, at::get_num_threads());
+  blocks.count = at::in_parallel_region() ? 1
+                                          : std::clamp<int64_t>(batch / rows_per_thread, 1, at::get_num_threads());
+  blocks.blas_threads = blocks.count == 1 && step_gemm_macs >= kThreadedStepGemmMacs;
+  return blocks;
+}
+
+// Runs `body(block, row_begin, row_end)` for each block, one block per thread.
+template <typename Body>
+void run_blocks(const RowBlocks& blocks, const Body& body) {
   const auto run_block = [&](int64_t block) {
-    const int64_t row_begin = block * batch / blocks;
-    const int64_t row_end = (block + 1) * batch / blocks;
-    const bool blas_threads = blocks == 1 && step_gemm_macs >= kThreadedStepGemmMacs;
-    const blas::SingleThreaded single_threaded(!blas_threads);
-    loop(block, row_begin, row_end, blas_threads);
+    const blas::SingleThreaded single_threaded(!blocks.blas_threads);
+    body(block, blocks.begin(block), blocks.end(block));
   };
-  if (blocks == 1) {
-    run_block(0);
-    return 1;
+  if (blocks.count <= 1) {
+    if (blocks.count == 1) {
+      run_block(0);
+    }
+    return;
   }
   // ATen GEMMs (blas.h's fallback) go through the dispatcher, which reads
   // thread-local state that pool threads do not inherit.
   const at::ThreadLocalState caller_state;
-  at::parallel_for(0, blocks, 1, [&](int64_t first, int64_t last) {
+  at::parallel_for(0, blocks.count, 1, [&](int64_t first, int64_t last) {
     const at::ThreadLocalStateGuard guard(caller_state);
     for (int64_t block = first; block < last; ++block) {
       run_block(block);
     }
   });
-  return blocks;
+}
+
+// Inference (needs_backward false) keeps no gates for backward: the input is
+// projected a chunk of steps at a time into one reused buffer of about this
+// many elements (8 MiB of float32), so the forward's memory is its output
+// plus this.  The chunk size hardly matters for speed: at T32 B64 I256 S512
+// (2048 rows in all) one thread's CPU time was the same, within 1%, for one
+// chunk and for 2, 4 and 8 chunks (AMD EPYC Zen 5).
+constexpr int64_t kInferenceChunkElements = int64_t{1} << 21;
+
+// Steps per chunk: as many as fit kInferenceChunkElements (at least one),
+// evened out so that the last chunk is not a sliver.
+int64_t inference_chunk_steps(int64_t steps, int64_t batch, int64_t state_size) {
+  const int64_t per_step = std::max<int64_t>(batch * 3 * state_size, 1);
+  const int64_t fit = std::clamp<int64_t>(kInferenceChunkElements / per_step, 1, steps);
+  return at::divup(steps, at::divup(steps, fit));
 }
 
 // Checks `lengths` (an int64 CPU tensor (B,) with values in [1, T]) and
@@ -115,7 +150,7 @@ at::Tensor fresh_copy(const at::Tensor& source) {
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> sequence_forward(
     const at::Tensor& input_arg, const at::Tensor& weights_arg, const at::Tensor& bias_arg, const at::Tensor& h0_arg,
-    const at::Tensor& c0_arg, const std::optional<at::Tensor>& lengths_arg, bool reverse) {
+    const at::Tensor& c0_arg, const std::optional<at::Tensor>& lengths_arg, bool reverse, bool needs_backward) {
   constexpr const char* op = "lltm_cpu::sequence_forward";
   TORCH_CHECK(input_arg.dim() == 3, op, ": input must be 3-D (time, batch, input_features), got ", input_arg.sizes());
   TORCH_CHECK(h0_arg.dim() == 2, op, ": h0 must be 2-D (batch, state_size), got ", h0_arg.sizes());
@@ -137,71 +172,90 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> sequence_
 
   const auto options = input.options();
   at::Tensor output = at::empty({T, B, S}, options);
-  at::Tensor gates = at::empty({T, B, 3 * S}, options);
-  at::Tensor tanh_cell = at::empty({T, B, S}, options);
+  // Training: the gates of every step, which backward needs, and the
+  // projection's buffer too.  Inference: one chunk's buffer, reused, and no
+  // tanh(c_t) at all (the saved slots are empty).
+  const int64_t chunk_steps = needs_backward ? T : inference_chunk_steps(T, B, S);
+  at::Tensor gates = at::empty({needs_backward ? T : std::min(chunk_steps, T), B, 3 * S}, options);
+  at::Tensor tanh_cell = needs_backward ? at::empty({T, B, S}, options) : at::empty({0}, options);
   at::Tensor c_n = fresh_copy(c0_arg);  // the cell state, updated in place step by step
   // With lengths, a row past its length keeps its h, which output (zero
   // there) no longer holds: h_n is then the state the steps update.
   at::Tensor h_n = lengths.has_value() || T == 0 ? fresh_copy(h0) : at::empty({B, S}, options);
+  const auto result = [&] {
+    return std::tuple{output, h_n, c_n, needs_backward ? gates : at::empty({0}, options), tanh_cell};
+  };
   if (T == 0 || B == 0) {
-    return {output, h_n, c_n, gates, tanh_cell};
+    return result();
   }
 
   AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, input.scalar_type(), op, [&] {
     const scalar_t* w = weights.const_data_ptr<scalar_t>();
     const int64_t ldw = S + I;
+    const scalar_t* x = input.const_data_ptr<scalar_t>();
     scalar_t* gates_data = gates.data_ptr<scalar_t>();
     scalar_t* output_data = output.data_ptr<scalar_t>();
-    scalar_t* tanh_cell_data = tanh_cell.data_ptr<scalar_t>();
+    scalar_t* tanh_cell_data = needs_backward ? tanh_cell.data_ptr<scalar_t>() : nullptr;
     scalar_t* cell_data = c_n.data_ptr<scalar_t>();
     scalar_t* hidden_data = lengths.has_value() ? h_n.data_ptr<scalar_t>() : nullptr;
     const scalar_t* h0_data = h0.const_data_ptr<scalar_t>();
-    const int64_t* lengths_data = lengths.has_value() ? lengths->const_data_ptr<int64_t>() : nullptr;
-
-    // The input projection of every step at once, the bias folded in: each
-    // row of gates starts as the bias and the GEMM adds x W_x^T to it.
     const scalar_t* bias_data = bias.const_data_ptr<scalar_t>();
-    at::parallel_for(0, T * B, at::divup(kMinElementsPerThread, 3 * S), [&](int64_t begin, int64_t end) {
-      for (int64_t row = begin; row < end; ++row) {
-        std::memcpy(gates_data + row * 3 * S, bias_data, 3 * S * sizeof(scalar_t));
-      }
-    });
-    blas::gemm<scalar_t>(false, true, T * B, 3 * S, I, input.const_data_ptr<scalar_t>(), I, w + S, ldw, true,
-                         gates_data, 3 * S);
-
+    const int64_t* lengths_data = lengths.has_value() ? lengths->const_data_ptr<int64_t>() : nullptr;
     const auto step_pass = pointwise_kernels<scalar_t>().sequence_forward;
-    const auto loop = [&](int64_t, int64_t row_begin, int64_t row_end, bool blas_threads) {
-      const int64_t rows = row_end - row_begin;
-      // h W_h^T
-      const blas::RightOperand<scalar_t> w_h(/*trans_b=*/true, rows, 3 * S, S, w, ldw, blas_threads);
-      const scalar_t* h_prev = hidden_data != nullptr ? hidden_data + row_begin * S : h0_data + row_begin * S;
-      for (int64_t i = 0; i < T; ++i) {
-        const int64_t t = reverse ? T - 1 - i : i;
-        const int64_t first_row = t * B + row_begin;
-        scalar_t* gates_t = gates_data + first_row * 3 * S;
-        w_h.multiply(rows, h_prev, S, /*accumulate=*/true, gates_t, 3 * S);
-        const SequenceForwardStep<scalar_t> pass{
-            gates_t,
-            cell_data + row_begin * S,
-            hidden_data != nullptr ? hidden_data + row_begin * S : nullptr,
-            output_data + first_row * S,
-            tanh_cell_data + first_row * S,
-            lengths_data != nullptr ? lengths_data + row_begin : nullptr,
-            t,
-            rows,
-            S};
-        step_pass(pass);
-        if (hidden_data == nullptr) {
-          h_prev = output_data + first_row * S;  // without lengths, h_t is output[t]
+
+    const RowBlocks blocks = split_rows(B, T * 3 * S * S, B * 3 * S * S);
+    // Each block's h W_h^T operand, laid out on its own thread at its first chunk.
+    std::vector<std::unique_ptr<blas::RightOperand<scalar_t>>> w_h(blocks.count);
+    // The chunks in the order the steps run: step i of that order is t = i,
+    // or T-1-i reversed.
+    for (int64_t chunk_begin = 0; chunk_begin < T; chunk_begin += chunk_steps) {
+      const int64_t chunk_end = std::min(T, chunk_begin + chunk_steps);
+      const int64_t first_t = reverse ? T - chunk_end : chunk_begin;  // the chunk's smallest t
+      const int64_t rows = (chunk_end - chunk_begin) * B;
+      // The chunk's input projection, the bias folded in: each row of gates
+      // starts as the bias and the GEMM adds x W_x^T to it.
+      at::parallel_for(0, rows, at::divup(kMinElementsPerThread, 3 * S), [&](int64_t begin, int64_t end) {
+        for (int64_t row = begin; row < end; ++row) {
+          std::memcpy(gates_data + row * 3 * S, bias_data, 3 * S * sizeof(scalar_t));
         }
-      }
-    };
-    for_row_blocks(B, T * 3 * S * S, B * 3 * S * S, loop);
+      });
+      blas::gemm<scalar_t>(false, true, rows, 3 * S, I, x + first_t * B * I, I, w + S, ldw, true, gates_data, 3 * S);
+
+      run_blocks(blocks, [&](int64_t block, int64_t row_begin, int64_t row_end) {
+        const int64_t block_rows = row_end - row_begin;
+        if (!w_h[block]) {
+          w_h[block] = std::make_unique<blas::RightOperand<scalar_t>>(/*trans_b=*/true, blocks.max_rows(), 3 * S, S,
+                                                                      w, ldw, blocks.blas_threads);
+        }
+        for (int64_t i = chunk_begin; i < chunk_end; ++i) {
+          const int64_t t = reverse ? T - 1 - i : i;
+          const int64_t first_row = t * B + row_begin;
+          // h_{t-1}: the state (with lengths), h0, or the previous step's output.
+          const int64_t previous_t = reverse ? t + 1 : t - 1;
+          const scalar_t* h_prev = hidden_data != nullptr ? hidden_data + row_begin * S
+                                   : i == 0               ? h0_data + row_begin * S
+                                                          : output_data + (previous_t * B + row_begin) * S;
+          scalar_t* gates_t = gates_data + ((t - first_t) * B + row_begin) * 3 * S;
+          w_h[block]->multiply(block_rows, h_prev, S, /*accumulate=*/true, gates_t, 3 * S);
+          const SequenceForwardStep<scalar_t> pass{
+              gates_t,
+              cell_data + row_begin * S,
+              hidden_data != nullptr ? hidden_data + row_begin * S : nullptr,
+              output_data + first_row * S,
+              tanh_cell_data != nullptr ? tanh_cell_data + first_row * S : nullptr,
+              lengths_data != nullptr ? lengths_data + row_begin : nullptr,
+              t,
+              block_rows,
+              S};
+          step_pass(pass);
+        }
+      });
+    }
   });
   if (!lengths.has_value()) {
     h_n.copy_(output[reverse ? 0 : T - 1]);
   }
-  return {output, h_n, c_n, gates, tanh_cell};
+  return result();
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> sequence_backward(
@@ -273,10 +327,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> sequence_
     // (the same order every run).
     std::vector<opmath_t> bias_sums(at::get_num_threads() * 3 * S, opmath_t(0));
     const auto step_pass = pointwise_kernels<scalar_t>().sequence_backward;
-    const auto loop = [&](int64_t block, int64_t row_begin, int64_t row_end, bool blas_threads) {
+    const RowBlocks blocks = split_rows(B, T * 3 * S * S, B * 3 * S * S);
+    run_blocks(blocks, [&](int64_t block, int64_t row_begin, int64_t row_end) {
       const int64_t rows = row_end - row_begin;
       // d_gates W_h
-      const blas::RightOperand<scalar_t> w_h(/*trans_b=*/false, rows, S, 3 * S, w, ldw, blas_threads);
+      const blas::RightOperand<scalar_t> w_h(/*trans_b=*/false, rows, S, 3 * S, w, ldw, blocks.blas_threads);
       for (int64_t i = 0; i < T; ++i) {
         const int64_t t = reverse ? i : T - 1 - i;  // the steps, last first
         const int64_t first_row = t * B + row_begin;
@@ -301,12 +356,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> sequence_
         // that took part, and the rest keep theirs: so add.
         w_h.multiply(rows, grad_gates_t, 3 * S, /*accumulate=*/lengths_data != nullptr, grad_h_rows, S);
       }
-    };
-    const int64_t blocks = for_row_blocks(B, T * 3 * S * S, B * 3 * S * S, loop);
+    });
     scalar_t* grad_bias_data = grad_bias.data_ptr<scalar_t>();
     for (int64_t col = 0; col < 3 * S; ++col) {
       opmath_t sum = 0;
-      for (int64_t block = 0; block < blocks; ++block) {
+      for (int64_t block = 0; block < blocks.count; ++block) {
         sum += bias_sums[block * 3 * S + col];
       }
       grad_bias_data[col] = static_cast<scalar_t>(sum);

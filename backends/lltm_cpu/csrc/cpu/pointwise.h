@@ -56,7 +56,9 @@ struct SequenceForwardStep {
   scalar_t* cell;       // in: c_{t-1}; out: c_t (rows past their length keep c_{t-1})
   scalar_t* hidden;     // nullptr, or the state h, which rows within their length set to h_t
   scalar_t* output;     // out: h_t; zero for rows past their length
-  scalar_t* tanh_cell;  // out: tanh(c_t), saved for backward; zero for rows past their length
+  // out: tanh(c_t), saved for backward; zero for rows past their length.
+  // nullptr in inference, which saves nothing.
+  scalar_t* tanh_cell;
   const int64_t* lengths;  // nullptr, or per row: the row takes part in steps t < lengths[row]
   int64_t step;            // t
   int64_t rows;

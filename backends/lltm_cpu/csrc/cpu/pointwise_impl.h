@@ -257,7 +257,9 @@ void sequence_forward_pass(const SequenceForwardStep<scalar_t>& p) {
       // Its state stays; what is saved for this row is never read, but is
       // written all the same so that the saved tensors hold no stale memory.
       fill_zero(p.output + row_offset, S);
-      fill_zero(p.tanh_cell + row_offset, S);
+      if (p.tanh_cell != nullptr) {
+        fill_zero(p.tanh_cell + row_offset, S);
+      }
       fill_zero(gates, 3 * S);
       continue;
     }
@@ -273,7 +275,9 @@ void sequence_forward_pass(const SequenceForwardStep<scalar_t>& p) {
       store(cell.output_gate, gates + S + col);
       store(cell.candidate, gates + 2 * S + col);
       store(cell.new_cell, p.cell + row_offset + col);
-      store(cell.tanh_cell, p.tanh_cell + row_offset + col);
+      if (p.tanh_cell != nullptr) {
+        store(cell.tanh_cell, p.tanh_cell + row_offset + col);
+      }
       store(new_h, p.output + row_offset + col);
       if (p.hidden != nullptr) {
         store(new_h, p.hidden + row_offset + col);
