@@ -41,7 +41,8 @@ TORCH_LIBRARY(lltm_cpu, m) {
       " Tensor h0, Tensor output, Tensor? lengths, Tensor gates, Tensor tanh_cell, bool reverse,"
       " bool needs_grad_input)"
       " -> (Tensor grad_input, Tensor grad_weights, Tensor grad_bias, Tensor grad_h0, Tensor grad_c0)");
-  // Which route the sequence kernels' recurrent GEMMs take for a dtype here:
-  // "brgemm", "mkl-packed", "mkl" or "aten" (see cpu/blas.h).
-  m.def("sequence_gemm(ScalarType dtype) -> str");
+  // The GEMM routes the sequence kernels chose so far in this process, one
+  // line per shape: "<which GEMM> <dtype> M.. N.. K..: <route> (measured: ...)"
+  // (see cpu/blas.h).
+  m.def("gemm_routes() -> str[]");
 }

@@ -2,9 +2,9 @@
 
 Checked against lltm-ref's sequence kernels (the algorithm they follow), against
 the tutorial's cell looped in float64 (the kit's oracle), and through float64
-gradcheck.  The GEMM routes other than this process's run in subprocesses
-(LLTM_CPU_GEMM is read once), as do other thread counts; brgemm's own
-fallback (oneDNN turned off) runs here.
+gradcheck.  Each GEMM route forced by LLTM_CPU_GEMM (read once) runs the
+kit's sequence checks in a subprocess, as other thread counts run this file's;
+brgemm's own fallback (oneDNN turned off) runs here.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 
 import pytest
 import torch
@@ -27,7 +28,6 @@ DTYPES = [torch.float32, torch.float64, torch.bfloat16]
 # vectors at every ISA's width, a batch that splits unevenly over threads, a
 # state past 1024, and one row with GEMMs large enough to run on MKL's threads.
 SHAPES = [(1, 1, 1, 1), (4, 3, 5, 7), (5, 33, 6, 129), (2, 2, 3, 1100), (2, 1, 3, 1200)]
-ROUTES = ("mkl-packed", "mkl", "aten")
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -332,12 +332,67 @@ def test_layer_uses_the_fused_kernels():
     assert "lltm_cpu::forward" not in names
 
 
-def test_default_gemm_route():
-    """This torch (x86-64, MKL) sends float32's recurrent GEMMs to brgemm, float64's to MKL, bfloat16's to ATen."""
+def routes_chosen() -> dict:
+    """{key: route} of this process's GEMM choices so far (torch.ops.lltm_cpu.gemm_routes())."""
+    return {key: rest.split()[0] for key, rest in (line.split(": ", 1) for line in torch.ops.lltm_cpu.gemm_routes())}
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_routes_measured_once_per_shape(dtype):
+    """The first call of a shape chooses each GEMM's route among those this torch offers the dtype;
+    later calls of that shape reuse the choice; a new shape gets its own."""
     if os.environ.get("LLTM_CPU_GEMM"):
         pytest.skip(f"LLTM_CPU_GEMM={os.environ['LLTM_CPU_GEMM']} chose the route")
-    routes = [torch.ops.lltm_cpu.sequence_gemm(dtype) for dtype in (torch.float32, torch.float64, torch.bfloat16)]
-    assert routes == ["brgemm", "mkl" if torch.backends.mkl.is_available() else "aten", "aten"]
+    offered = {torch.float32: {"brgemm", "mkl-packed", "mkl", "aten"}, torch.float64: {"mkl", "aten"},
+               torch.bfloat16: {"brgemm", "mkl", "aten"}}[dtype]
+    name = {torch.float32: "float32", torch.float64: "float64", torch.bfloat16: "bfloat16"}[dtype]
+    T, B, I = 3, 5, 4
+    S = {torch.float32: 45, torch.float64: 46, torch.bfloat16: 47}[dtype]  # a shape no other test runs
+    inputs = [t.detach().requires_grad_() for t in make_sequence_inputs(T, B, I, S, dtype=dtype)]
+    before = routes_chosen()
+
+    def train():
+        output, h_n, c_n = lltm_core.lltm_sequence(*inputs, backend="cpu")
+        (output.sum() + h_n.sum() + c_n.sum()).backward()
+
+    train()
+    new = {k: v for k, v in routes_chosen().items() if k not in before}
+    recurrent = {k: v for k, v in new.items() if k.startswith(f"recurrent {name} ")}
+    # Forward's h W_h^T (N 3S, K S) and backward's d_gates W_h (N S, K 3S).
+    assert sorted(k.split()[3:5] for k in recurrent) == [[f"N{3 * S}", f"K{S}"], [f"N{S}", f"K{3 * S}"]], new
+    assert set(recurrent.values()) <= offered, new
+    train()
+    assert routes_chosen() == {**before, **new}  # cached: nothing measured again
+    lines = [line for line in torch.ops.lltm_cpu.gemm_routes() if line.split(": ", 1)[0] in recurrent]
+    assert len(lines) == 2 and all("(measured: " in line for line in lines), lines
+
+
+def test_concurrent_first_calls():
+    """Threads making the first call of one shape at once: no crash, one measurement, the same results."""
+    T, B, I, S = 4, 9, 6, 61  # a shape no other test runs
+    inputs = [t.detach() for t in make_sequence_inputs(T, B, I, S)]
+    results, errors = [None] * 4, []
+    barrier = threading.Barrier(len(results))
+
+    def call(index):
+        try:
+            barrier.wait()
+            results[index] = torch.ops.lltm_cpu.sequence_forward(*inputs, None, False, True)
+        except Exception as exc:  # re-raised below, in the test's thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=call, args=(i,)) for i in range(len(results))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors, errors
+    keys = [line for line in torch.ops.lltm_cpu.gemm_routes() if f" N{3 * S} K{S} " in line]
+    assert len(keys) == 1, keys
+    want = torch.ops.lltm_cpu.sequence_forward(*inputs, None, False, True)
+    for got in results:
+        for a, b in zip(got, want):
+            assert torch.equal(a, b)
 
 
 @pytest.mark.parametrize("reverse", [False, True], ids=["forward", "reverse"])
@@ -365,24 +420,48 @@ def run_this_file(env: dict, seed: int, *extra: str) -> subprocess.CompletedProc
     return subprocess.run(command, env={**os.environ, **env}, capture_output=True, text=True)
 
 
-@pytest.mark.parametrize("route", ["mkl-packed", "mkl", "aten"])
-def test_other_gemm_routes_in_subprocess(route, lltm_seed):
-    """The rest of this file with the recurrent GEMMs on MKL's packed GEMM, on MKL's sgemm, and on at::mm."""
-    probe = [sys.executable, "-c", "import lltm_core, torch; lltm_core.get_backend('cpu'); "
-             "print(torch.ops.lltm_cpu.sequence_gemm(torch.float32), torch.ops.lltm_cpu.sequence_gemm(torch.float64))"]
+# What LLTM_CPU_GEMM=<route> gives each dtype's recurrent GEMMs (float64 has
+# no brgemm and no packed GEMM: MKL's), where torch has MKL.
+FORCED = {
+    "brgemm": {"float32": "brgemm", "float64": "mkl", "bfloat16": "brgemm"},
+    "mkl-packed": {"float32": "mkl-packed", "float64": "mkl", "bfloat16": "mkl"},
+    "mkl": {"float32": "mkl", "float64": "mkl", "bfloat16": "mkl"},
+    "aten": {"float32": "aten", "float64": "aten", "bfloat16": "aten"},
+}
+_ROUTE_PROBE = """
+import torch, lltm_core
+from lltm_core.testing import make_sequence_inputs
+lltm_core.get_backend("cpu")
+for dtype in (torch.float32, torch.float64, torch.bfloat16):
+    torch.ops.lltm_cpu.sequence_forward(*make_sequence_inputs(2, 3, 4, 5, dtype=dtype), None, False)
+print("\\n".join(torch.ops.lltm_cpu.gemm_routes()))
+"""
+
+
+@pytest.mark.parametrize("route", sorted(FORCED))
+def test_forced_gemm_routes_in_subprocess(route, lltm_seed):
+    """LLTM_CPU_GEMM=<route> is honoured (nothing measured), and the kit's sequence checks
+    pass with the recurrent GEMMs on it."""
+    if not torch.backends.mkl.is_available() and route != "aten":
+        pytest.skip("this torch has no MKL: the forced routes fall back to aten")
     env = {**os.environ, "LLTM_CPU_GEMM": route}
-    chosen = subprocess.run(probe, env=env, capture_output=True, text=True, check=True).stdout.split()
-    mkl = "mkl" if torch.backends.mkl.is_available() else "aten"
-    expected = {"mkl-packed": ["mkl-packed" if mkl == "mkl" else mkl, mkl], "mkl": [mkl, mkl], "aten": ["aten", "aten"]}
-    assert chosen == expected[route]
-    run = run_this_file({"LLTM_CPU_GEMM": route}, lltm_seed)
+    probe = subprocess.run([sys.executable, "-c", _ROUTE_PROBE], env=env, capture_output=True, text=True, check=True)
+    recurrent = [line for line in probe.stdout.splitlines() if line.startswith("recurrent ")]
+    assert recurrent and not any("measured" in line for line in recurrent), probe.stdout
+    for line in recurrent:
+        dtype = line.split()[1]
+        assert line.split(": ", 1)[1] == f"{FORCED[route][dtype]} (LLTM_CPU_GEMM)", line
+    # The conformance kit's sequence checks (reference, gradcheck, opcheck, torch.compile), on this route.
+    kit = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--pyargs", "lltm_core.testing",
+           "--lltm-backend", "cpu", "--lltm-seed", str(lltm_seed), "-k", "sequence"]
+    run = subprocess.run(kit, env=env, capture_output=True, text=True)
     assert run.returncode == 0, f"with LLTM_CPU_GEMM={route}:\n{run.stdout[-4000:]}{run.stderr[-2000:]}"
+    assert " passed" in run.stdout and " skipped" not in run.stdout, run.stdout[-2000:]
 
 
 def test_bad_gemm_route_is_an_error_in_subprocess():
-    probe = [sys.executable, "-c", "import lltm_core, torch; lltm_core.get_backend('cpu'); "
-             "torch.ops.lltm_cpu.sequence_gemm(torch.float32)"]
-    run = subprocess.run(probe, env={**os.environ, "LLTM_CPU_GEMM": "fast"}, capture_output=True, text=True)
+    run = subprocess.run([sys.executable, "-c", _ROUTE_PROBE], env={**os.environ, "LLTM_CPU_GEMM": "fast"},
+                         capture_output=True, text=True)
     assert run.returncode != 0
     assert "LLTM_CPU_GEMM must be brgemm, mkl-packed, mkl or aten (or unset), got 'fast'" in run.stderr
 

@@ -1,9 +1,11 @@
-// The sequence kernels' GEMMs: MKL called directly where torch exports it,
-// ATen otherwise.  See blas.h for why.
+// The sequence kernels' GEMMs: MKL or oneDNN called directly where torch
+// exports them, ATen otherwise, each shape's route chosen by timing it once.
+// See blas.h for why.
 #include "blas.h"
 
 #include <ATen/Context.h>
 #include <ATen/Parallel.h>
+#include <ATen/ThreadLocalState.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/native/CPUBlas.h>
 #include <ATen/ops/from_blob.h>
@@ -15,11 +17,24 @@
 #include <dlfcn.h>
 
 #include <algorithm>
+#include <chrono>
 #include <climits>
 #include <cstdlib>
 #include <cstring>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <sstream>
 #include <string>
 #include <type_traits>
+#include <vector>
+
+namespace at::native {
+// oneDNN's matmul, result = beta * result + alpha * mat1 @ mat2, on strided
+// CPU tensors (aten/src/ATen/native/mkldnn/Matmul.h, which torch exports but
+// does not install).  The package pins the torch it was built against.
+TORCH_API void mkldnn_matmul(const Tensor& mat1, const Tensor& mat2, const Tensor& result, float beta, float alpha);
+}  // namespace at::native
 
 namespace lltm_cpu {
 namespace blas {
@@ -35,6 +50,9 @@ using Pack = void (*)(int layout, int identifier, int trans, int m, int n, int k
                       int ld, float* dest);
 using Compute = void (*)(int layout, int transa, int transb, int m, int n, int k, const float* a, int lda,
                          const float* b, int ldb, float beta, float* c, int ldc);
+// bfloat16 inputs (MKL_BF16 is uint16), float accumulation and output.
+using GemmBf16 = void (*)(int layout, int transa, int transb, int m, int n, int k, float alpha, const void* a, int lda,
+                          const void* b, int ldb, float beta, float* c, int ldc);
 using SetNumThreadsLocal = int (*)(int);
 
 constexpr int kRowMajor = 101;
@@ -49,6 +67,7 @@ struct Mkl {
   PackGetSize sgemm_pack_get_size = nullptr;
   Pack sgemm_pack = nullptr;
   Compute sgemm_compute = nullptr;
+  GemmBf16 gemm_bf16 = nullptr;
   // The C entry point is MKL_Set_Num_Threads_Local; the lower-case
   // mkl_set_num_threads_local exported beside it is the Fortran one, which
   // takes a pointer.
@@ -56,6 +75,7 @@ struct Mkl {
 
   bool has_gemm() const { return sgemm && dgemm && set_num_threads_local; }
   bool has_packed() const { return has_gemm() && sgemm_pack_get_size && sgemm_pack && sgemm_compute; }
+  bool has_bf16() const { return has_gemm() && gemm_bf16; }
 };
 
 void* find_symbol(const char* name) {
@@ -80,16 +100,20 @@ const Mkl& mkl() {
     found.sgemm_pack_get_size = reinterpret_cast<PackGetSize>(find_symbol("cblas_sgemm_pack_get_size"));
     found.sgemm_pack = reinterpret_cast<Pack>(find_symbol("cblas_sgemm_pack"));
     found.sgemm_compute = reinterpret_cast<Compute>(find_symbol("cblas_sgemm_compute"));
+    found.gemm_bf16 = reinterpret_cast<GemmBf16>(find_symbol("cblas_gemm_bf16bf16f32"));
     found.set_num_threads_local = reinterpret_cast<SetNumThreadsLocal>(find_symbol("MKL_Set_Num_Threads_Local"));
     return found;
   }();
   return functions;
 }
 
-// LLTM_CPU_GEMM: the recurrent GEMMs' route asked for, before the platform
-// and the dtype narrow it.
-Route requested_route() {
-  static const Route route = [] {
+// oneDNN's matmul: where torch has it and the user has not turned it off
+// (torch.backends.mkldnn.enabled, read at each call).
+bool onednn_enabled() { return at::hasMKLDNN() && at::globalContext().userEnabledMkldnn(); }
+
+// LLTM_CPU_GEMM, read once: the route asked for, or nullopt to measure.
+std::optional<Route> requested_route() {
+  static const std::optional<Route> route = []() -> std::optional<Route> {
     const char* env = std::getenv("LLTM_CPU_GEMM");
     const std::string wanted = env == nullptr ? "" : env;
     for (const Route candidate : {Route::kBrgemm, Route::kMklPacked, Route::kMkl, Route::kAten}) {
@@ -99,14 +123,9 @@ Route requested_route() {
     }
     TORCH_CHECK(wanted.empty(), "lltm_cpu: LLTM_CPU_GEMM must be brgemm, mkl-packed, mkl or aten (or unset), got '",
                 wanted, "'");
-    return Route::kBrgemm;
+    return std::nullopt;
   }();
   return route;
-}
-
-// The other GEMMs (over all steps at once) use MKL unless the route is ATen's.
-bool big_gemms_use_mkl(c10::ScalarType dtype) {
-  return dtype != c10::kBFloat16 && requested_route() != Route::kAten && mkl().has_gemm();
 }
 
 bool fits_int(std::initializer_list<int64_t> sizes) {
@@ -119,17 +138,30 @@ at::Tensor wrap(const scalar_t* data, int64_t rows, int64_t cols, int64_t ld) {
                        at::TensorOptions().dtype(c10::CppTypeToScalarType<scalar_t>::value));
 }
 
+// op(A) and op(B) as tensors over the same memory.
+template <typename scalar_t>
+std::pair<at::Tensor, at::Tensor> wrap_operands(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+                                                const scalar_t* a, int64_t lda, const scalar_t* b, int64_t ldb) {
+  return {trans_a ? wrap(a, k, m, lda).t() : wrap(a, m, k, lda), trans_b ? wrap(b, n, k, ldb).t() : wrap(b, k, n, ldb)};
+}
+
 template <typename scalar_t>
 void aten_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const scalar_t* a, int64_t lda,
                const scalar_t* b, int64_t ldb, bool accumulate, scalar_t* c, int64_t ldc) {
-  const at::Tensor A = trans_a ? wrap(a, k, m, lda).t() : wrap(a, m, k, lda);
-  const at::Tensor B = trans_b ? wrap(b, n, k, ldb).t() : wrap(b, k, n, ldb);
+  const auto [A, B] = wrap_operands(trans_a, trans_b, m, n, k, a, lda, b, ldb);
   at::Tensor C = wrap(c, m, n, ldc);
   if (accumulate) {
     C.addmm_(A, B);
   } else {
     at::mm_out(C, A, B);
   }
+}
+
+template <typename scalar_t>
+void onednn_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const scalar_t* a, int64_t lda,
+                 const scalar_t* b, int64_t ldb, bool accumulate, scalar_t* c, int64_t ldc) {
+  const auto [A, B] = wrap_operands(trans_a, trans_b, m, n, k, a, lda, b, ldb);
+  at::native::mkldnn_matmul(A, B, wrap(c, m, n, ldc), accumulate ? 1.0f : 0.0f, 1.0f);
 }
 
 // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T, and a
@@ -154,22 +186,194 @@ void zero_or_keep(int64_t m, int64_t n, bool accumulate, scalar_t* c, int64_t ld
   }
 }
 
-}  // namespace
-
-Route route_for(c10::ScalarType dtype) {
-  const Route requested = requested_route();
-  if (dtype == c10::kBFloat16 || requested == Route::kAten) {
-    return Route::kAten;
-  }
-  if (dtype == c10::kFloat && requested == Route::kBrgemm) {
-    return Route::kBrgemm;  // torch's own, with torch's fallback inside
-  }
-  if (dtype == c10::kFloat && requested == Route::kMklPacked && mkl().has_packed()) {
-    return Route::kMklPacked;
-  }
-  // float64 has no brgemm or packed GEMM in torch: MKL's dgemm.
-  return mkl().has_gemm() ? Route::kMkl : Route::kAten;
+const char* dtype_name(c10::ScalarType dtype) {
+  return dtype == c10::kFloat ? "float32" : dtype == c10::kDouble ? "float64" : "bfloat16";
 }
+
+// ---- Tuning: which route is fastest for a key, measured once per process.
+
+struct Tuning {
+  std::mutex mutex;  // held while a key is measured, and to read or add a choice
+  std::map<std::string, Route> chosen;
+  std::vector<std::string> report;
+};
+
+Tuning& tuning() {
+  static Tuning* const state = new Tuning;  // never destroyed: other threads may tune at exit
+  return *state;
+}
+
+// Microseconds per call of `run`: after a warm-up call, the fastest of up to
+// 10 calls, timed one by one until 1 ms has passed (at least 2).  The fastest,
+// not the mean: on a shared machine a call that lost its core to another
+// process measures the other process.
+template <typename Run>
+double time_us(const Run& run) {
+  using clock = std::chrono::steady_clock;
+  run();  // first-use costs: packing caches, oneDNN primitive creation
+  double best = 0, total = 0;
+  for (int call = 0; call < 10 && (call < 2 || total < 1000.0); ++call) {
+    const auto start = clock::now();
+    run();
+    const double us = std::chrono::duration<double, std::micro>(clock::now() - start).count();
+    best = call == 0 ? us : std::min(best, us);
+    total += us;
+  }
+  return best;
+}
+
+// `measure()` run as the time loop runs its GEMMs: on one thread of a
+// parallel region, where ATen's and oneDNN's GEMMs run on that thread alone
+// (and MKL's, under SingleThreaded).  The region's other threads return at
+// once.  Timing on one thread also keeps the measurement clear of other
+// processes on a shared machine, which delay every multi-threaded call.
+template <typename Measure>
+double on_one_thread(const Measure& measure) {
+  const SingleThreaded single_threaded(true);
+  if (at::in_parallel_region() || at::get_num_threads() == 1) {
+    return measure();
+  }
+  double us = 0;
+  const at::ThreadLocalState caller_state;
+  at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t first, int64_t) {
+    if (first == 0) {
+      const at::ThreadLocalStateGuard guard(caller_state);
+      const SingleThreaded single_threaded_here(true);
+      us = measure();
+    }
+  });
+  return us;
+}
+
+// The route for `key`: the cached choice, or the fastest of `candidates`,
+// each timed by `time_route(route)` -> us, with the tuning mutex held.
+template <typename TimeRoute>
+Route tuned(const std::string& key, const std::vector<Route>& candidates, const TimeRoute& time_route) {
+  TORCH_INTERNAL_ASSERT(!candidates.empty());
+  Tuning& state = tuning();
+  const std::lock_guard<std::mutex> lock(state.mutex);
+  if (const auto found = state.chosen.find(key); found != state.chosen.end()) {
+    return found->second;
+  }
+  Route best = candidates.front();
+  std::ostringstream line;
+  line.precision(3);
+  if (candidates.size() > 1) {
+    double best_us = 0;
+    std::ostringstream times;
+    times.precision(3);
+    for (const Route route : candidates) {
+      const double us = time_route(route);
+      times << (route == candidates.front() ? "" : ", ") << route_name(route) << ' ' << us << " us";
+      if (route == candidates.front() || us < best_us) {
+        best = route;
+        best_us = us;
+      }
+    }
+    line << key << ": " << route_name(best) << " (measured: " << times.str() << ')';
+  } else {
+    line << key << ": " << route_name(best) << (requested_route().has_value() ? " (LLTM_CPU_GEMM)" : " (the only one)");
+  }
+  state.chosen.emplace(key, best);
+  state.report.push_back(line.str());
+  return best;
+}
+
+// Test data for timing: small values, never denormal.
+template <typename T>
+std::vector<T> filled(int64_t count) {
+  std::vector<T> data(std::max<int64_t>(count, 1));
+  for (int64_t i = 0; i < count; ++i) {
+    data[i] = static_cast<T>(0.01f * static_cast<float>(i % 13) - 0.05f);
+  }
+  return data;
+}
+
+// ---- The GEMMs over all steps.
+
+template <typename scalar_t>
+void gemm_on(Route route, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const scalar_t* a, int64_t lda,
+             const scalar_t* b, int64_t ldb, bool accumulate, scalar_t* c, int64_t ldc) {
+  if constexpr (!std::is_same_v<scalar_t, c10::BFloat16>) {
+    if (route == Route::kMkl && fits_int({m, n, k, lda, ldb, ldc})) {
+      mkl_gemm(trans_a, trans_b, m, n, k, a, lda, b, ldb, accumulate, c, ldc);
+      return;
+    }
+  }
+  if (route == Route::kOnednn && onednn_enabled()) {
+    onednn_gemm(trans_a, trans_b, m, n, k, a, lda, b, ldb, accumulate, c, ldc);
+    return;
+  }
+  aten_gemm(trans_a, trans_b, m, n, k, a, lda, b, ldb, accumulate, c, ldc);
+}
+
+template <typename scalar_t>
+Route all_steps_route(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const scalar_t* a, int64_t lda,
+                      const scalar_t* b, int64_t ldb) {
+  constexpr c10::ScalarType dtype = c10::CppTypeToScalarType<scalar_t>::value;
+  std::vector<Route> candidates;
+  if (requested_route() != Route::kAten && !std::is_same_v<scalar_t, c10::BFloat16>) {
+    if (mkl().has_gemm() && fits_int({m, n, k, lda, ldb})) {
+      candidates.push_back(Route::kMkl);
+    }
+    if (std::is_same_v<scalar_t, float> && onednn_enabled()) {
+      candidates.push_back(Route::kOnednn);
+    }
+  }
+  if (candidates.empty()) {
+    return Route::kAten;  // bfloat16's at::mm is oneDNN's already
+  }
+  std::ostringstream key;
+  key << "all steps " << dtype_name(dtype) << ' ' << (trans_a ? 'T' : 'N') << (trans_b ? 'T' : 'N') << " M" << m
+      << " N" << n << " K" << k << " threads " << at::get_num_threads() << " (timed on one)";
+  return tuned(key.str(), candidates, [&](Route route) {
+    // A corner of the problem of at most about 16M multiply-adds (0.1-0.3
+    // ms): the first rows, columns and reduction terms, the same strides.
+    // Smaller corners would overstate oneDNN's fixed cost per call (~15 us),
+    // which the whole GEMM spreads over far more work.
+    int64_t mm = m, nn = n, kk = k;
+    while (mm * nn * kk > (int64_t{1} << 24) && std::max({mm, nn, kk}) > 256) {
+      int64_t& largest = mm >= nn && mm >= kk ? mm : nn >= kk ? nn : kk;
+      largest = std::max<int64_t>(256, largest / 2);
+    }
+    // Timed on one thread: what differs between the libraries is their
+    // kernels (AVX2 or AVX-512, say); both spread over threads alike.
+    std::vector<scalar_t> c(mm * nn);
+    return on_one_thread([&] {
+      return time_us([&] { gemm_on(route, trans_a, trans_b, mm, nn, kk, a, lda, b, ldb, false, c.data(), nn); });
+    });
+  });
+}
+
+// ---- The recurrent GEMMs.
+
+template <typename scalar_t>
+std::vector<Route> recurrent_candidates() {
+  std::vector<Route> routes;
+  if constexpr (!std::is_same_v<scalar_t, double>) {
+    routes.push_back(Route::kBrgemm);  // torch's, with its own fallback inside
+  }
+  if constexpr (std::is_same_v<scalar_t, float>) {
+    if (mkl().has_packed()) {
+      routes.push_back(Route::kMklPacked);
+    }
+  }
+  if (std::is_same_v<scalar_t, c10::BFloat16> ? mkl().has_bf16() : mkl().has_gemm()) {
+    routes.push_back(Route::kMkl);
+  }
+  routes.push_back(Route::kAten);
+  return routes;
+}
+
+// bfloat16 brgemm runs torch's bfloat16 micro-kernel where torch can pack B
+// for it (AMX, or oneDNN's AVX-512 bfloat16 kernels); elsewhere torch's
+// bfloat16 brgemm is a plain loop, so A is widened and the float one runs.
+bool native_bf16_brgemm() {
+  static const bool packs = at::native::cpublas::could_pack(c10::kBFloat16);
+  return packs;
+}
+
+}  // namespace
 
 const char* route_name(Route route) {
   switch (route) {
@@ -179,10 +383,18 @@ const char* route_name(Route route) {
       return "mkl-packed";
     case Route::kMkl:
       return "mkl";
+    case Route::kOnednn:
+      return "onednn";
     case Route::kAten:
       return "aten";
   }
   return "?";
+}
+
+std::vector<std::string> gemm_routes() {
+  Tuning& state = tuning();
+  const std::lock_guard<std::mutex> lock(state.mutex);
+  return state.report;
 }
 
 template <typename scalar_t>
@@ -195,44 +407,67 @@ void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const sca
     zero_or_keep(m, n, accumulate, c, ldc);
     return;
   }
-  constexpr c10::ScalarType dtype = c10::CppTypeToScalarType<scalar_t>::value;
-  if constexpr (!std::is_same_v<scalar_t, c10::BFloat16>) {
-    if (big_gemms_use_mkl(dtype) && fits_int({m, n, k, lda, ldb, ldc})) {
-      mkl_gemm(trans_a, trans_b, m, n, k, a, lda, b, ldb, accumulate, c, ldc);
-      return;
-    }
-  }
-  aten_gemm(trans_a, trans_b, m, n, k, a, lda, b, ldb, accumulate, c, ldc);
+  const Route route = all_steps_route(trans_a, trans_b, m, n, k, a, lda, b, ldb);
+  gemm_on(route, trans_a, trans_b, m, n, k, a, lda, b, ldb, accumulate, c, ldc);
 }
 
 template <typename scalar_t>
-RightOperand<scalar_t>::RightOperand(bool trans_b, int64_t max_m, int64_t n, int64_t k, const scalar_t* b,
-                                     int64_t ldb, bool threaded)
-    : route_(route_for(c10::CppTypeToScalarType<scalar_t>::value)), trans_b_(trans_b), n_(n), k_(k), b_(b), ldb_(ldb) {
-  if (route_ == Route::kBrgemm && threaded) {
-    route_ = mkl().has_gemm() ? Route::kMkl : Route::kAten;
+Route recurrent_route(bool trans_b, int64_t max_m, int64_t n, int64_t k, const scalar_t* b, int64_t ldb,
+                      bool threaded) {
+  using acc_t = at::opmath_type<scalar_t>;
+  const std::vector<Route> available = recurrent_candidates<scalar_t>();
+  std::vector<Route> candidates = available;
+  if (const std::optional<Route> requested = requested_route()) {
+    const bool has = std::find(available.begin(), available.end(), *requested) != available.end();
+    // A dtype without the route asked for (float64: brgemm, mkl-packed) takes MKL's GEMM.
+    const Route fallback = mkl().has_gemm() && *requested != Route::kAten ? Route::kMkl : Route::kAten;
+    candidates = {has ? *requested : fallback};
   }
+  if (max_m == 0 || n == 0 || k == 0) {
+    return candidates.front();
+  }
+  std::ostringstream key;
+  key << "recurrent " << dtype_name(c10::CppTypeToScalarType<scalar_t>::value) << " M" << max_m << " N" << n << " K"
+      << k << (trans_b ? " B^T" : "") << " threads " << (threaded ? at::get_num_threads() : 1) << " of "
+      << at::get_num_threads();
+  return tuned(key.str(), candidates, [&](Route route) {
+    const auto measure = [&] {
+      const SingleThreaded single_threaded(!threaded);
+      const RightOperand<scalar_t> operand(route, trans_b, max_m, n, k, b, ldb);
+      const std::vector<scalar_t> a = filled<scalar_t>(max_m * k);
+      std::vector<acc_t> c = filled<acc_t>(max_m * n);
+      return time_us([&] { operand.multiply(max_m, a.data(), k, true, c.data(), n); });
+    };
+    return threaded ? measure() : on_one_thread(measure);
+  });
+}
+
+template <typename scalar_t>
+RightOperand<scalar_t>::RightOperand(Route route, bool trans_b, int64_t max_m, int64_t n, int64_t k,
+                                     const scalar_t* b, int64_t ldb)
+    : route_(route), trans_b_(trans_b), max_m_(max_m), n_(n), k_(k), b_(b), ldb_(ldb) {
   if (max_m == 0 || n == 0 || k == 0) {
     return;
   }
-  if constexpr (std::is_same_v<scalar_t, float>) {
-    if (route_ == Route::kBrgemm && trans_b) {
-      // B is stored n x k; brgemm reads k x n rows.
-      auto* transposed = static_cast<float*>(c10::alloc_cpu(n * k * sizeof(float)));
-      constexpr int64_t kTile = 16;  // tiles keep both sides' cache lines in use
-      for (int64_t row0 = 0; row0 < n; row0 += kTile) {
-        for (int64_t col0 = 0; col0 < k; col0 += kTile) {
-          for (int64_t row = row0; row < std::min(row0 + kTile, n); ++row) {
-            for (int64_t col = col0; col < std::min(col0 + kTile, k); ++col) {
-              transposed[col * n + row] = b[row * ldb + col];
-            }
+  // op(B) as k x n rows of `T`, for brgemm.
+  const auto transposed_copy = [&](auto* out) {
+    constexpr int64_t kTile = 16;  // tiles keep both sides' cache lines in use
+    for (int64_t row0 = 0; row0 < k; row0 += kTile) {
+      for (int64_t col0 = 0; col0 < n; col0 += kTile) {
+        for (int64_t row = row0; row < std::min(row0 + kTile, k); ++row) {
+          for (int64_t col = col0; col < std::min(col0 + kTile, n); ++col) {
+            using T = std::remove_pointer_t<decltype(out)>;
+            out[row * n + col] = static_cast<T>(trans_b ? b[col * ldb + row] : b[row * ldb + col]);
           }
         }
       }
-      buffer_ = transposed;
-      b_ = transposed;
-      ldb_ = n;
-      trans_b_ = false;
+    }
+  };
+  if constexpr (std::is_same_v<scalar_t, float>) {
+    if (route_ == Route::kBrgemm) {
+      auto* laid_out = static_cast<float*>(c10::alloc_cpu(n * k * sizeof(float)));
+      transposed_copy(laid_out);
+      buffer_ = laid_out;
     } else if (route_ == Route::kMklPacked && fits_int({max_m, n, k, ldb})) {
       const Mkl& f = mkl();
       const size_t bytes = f.sgemm_pack_get_size(kBMatrix, static_cast<int>(max_m), static_cast<int>(n),
@@ -241,39 +476,105 @@ RightOperand<scalar_t>::RightOperand(bool trans_b, int64_t max_m, int64_t n, int
       f.sgemm_pack(kRowMajor, kBMatrix, trans_b ? kTrans : kNoTrans, static_cast<int>(max_m), static_cast<int>(n),
                    static_cast<int>(k), 1.0f, b, static_cast<int>(ldb), static_cast<float*>(buffer_));
     }
+  } else if constexpr (std::is_same_v<scalar_t, c10::BFloat16>) {
+    if (route_ == Route::kBrgemm && native_bf16_brgemm()) {
+      // torch's packed (VNNI) layout of the k x n rows.
+      std::vector<c10::BFloat16> rows(n * k);
+      transposed_copy(rows.data());
+      buffer_ = c10::alloc_cpu(n * k * sizeof(c10::BFloat16));
+      at::native::cpublas::pack(k, n, n, n, c10::kBFloat16, c10::kBFloat16, rows.data(), buffer_);
+    } else if (route_ == Route::kBrgemm) {
+      auto* widened = static_cast<float*>(c10::alloc_cpu(n * k * sizeof(float)));
+      transposed_copy(widened);
+      buffer_ = widened;
+      scratch_ = c10::alloc_cpu(max_m * k * sizeof(float));  // A widened
+    } else if (route_ == Route::kAten) {
+      scratch_ = c10::alloc_cpu(max_m * n * sizeof(c10::BFloat16));  // the product, before widening
+    }
   }
 }
 
 template <typename scalar_t>
 RightOperand<scalar_t>::~RightOperand() {
-  if (buffer_ != nullptr) {
-    c10::free_cpu(buffer_);
+  for (void* memory : {buffer_, scratch_}) {
+    if (memory != nullptr) {
+      c10::free_cpu(memory);
+    }
   }
 }
 
 template <typename scalar_t>
-void RightOperand<scalar_t>::multiply(int64_t m, const scalar_t* a, int64_t lda, bool accumulate, scalar_t* c,
+void RightOperand<scalar_t>::multiply(int64_t m, const scalar_t* a, int64_t lda, bool accumulate, acc_t* c,
                                       int64_t ldc) const {
+  if (m == 0 || n_ == 0) {
+    return;
+  }
+  if (k_ == 0) {
+    zero_or_keep(m, n_, accumulate, c, ldc);
+    return;
+  }
+  // A micro-kernel: a few dozen rows at a time keep its C tile in registers and cache.
+  constexpr int64_t kRowsPerCall = 64;
   if constexpr (std::is_same_v<scalar_t, float>) {
-    if (m > 0 && n_ > 0 && k_ > 0) {
-      if (route_ == Route::kBrgemm && !trans_b_) {
-        // A micro-kernel: a few dozen rows at a time keep its C tile in registers and cache.
-        constexpr int64_t kRowsPerCall = 64;
-        for (int64_t row = 0; row < m; row += kRowsPerCall) {
-          at::native::cpublas::brgemm(std::min(kRowsPerCall, m - row), n_, k_, lda, ldb_, ldc, accumulate,
-                                      a + row * lda, b_, c + row * ldc);
-        }
-        return;
+    if (route_ == Route::kBrgemm) {
+      for (int64_t row = 0; row < m; row += kRowsPerCall) {
+        at::native::cpublas::brgemm(std::min(kRowsPerCall, m - row), n_, k_, lda, n_, ldc, accumulate, a + row * lda,
+                                    static_cast<const float*>(buffer_), c + row * ldc);
       }
-      if (route_ == Route::kMklPacked && buffer_ != nullptr && fits_int({lda, ldc})) {
-        mkl().sgemm_compute(kRowMajor, kNoTrans, kPacked, static_cast<int>(m), static_cast<int>(n_),
-                            static_cast<int>(k_), a, static_cast<int>(lda), static_cast<const float*>(buffer_),
-                            static_cast<int>(n_), accumulate ? 1.0f : 0.0f, c, static_cast<int>(ldc));
-        return;
-      }
+      return;
+    }
+    if (route_ == Route::kMklPacked && buffer_ != nullptr && fits_int({lda, ldc})) {
+      mkl().sgemm_compute(kRowMajor, kNoTrans, kPacked, static_cast<int>(m), static_cast<int>(n_),
+                          static_cast<int>(k_), a, static_cast<int>(lda), static_cast<const float*>(buffer_),
+                          static_cast<int>(n_), accumulate ? 1.0f : 0.0f, c, static_cast<int>(ldc));
+      return;
     }
   }
-  gemm(false, trans_b_, m, n_, k_, a, lda, b_, ldb_, accumulate, c, ldc);
+  if constexpr (std::is_same_v<scalar_t, c10::BFloat16>) {
+    if (route_ == Route::kBrgemm && scratch_ == nullptr) {
+      for (int64_t row = 0; row < m; row += kRowsPerCall) {
+        at::native::cpublas::brgemm(std::min(kRowsPerCall, m - row), n_, k_, lda, n_, ldc, accumulate, a + row * lda,
+                                    static_cast<const c10::BFloat16*>(buffer_), c + row * ldc, /*is_vnni=*/true);
+      }
+      at::native::cpublas::brgemm_release(/*is_vnni=*/true);  // AMX: give back the tile configuration
+      return;
+    }
+    if (route_ == Route::kBrgemm) {
+      auto* widened = static_cast<float*>(scratch_);
+      for (int64_t row = 0; row < m; ++row) {
+        for (int64_t col = 0; col < k_; ++col) {
+          widened[row * k_ + col] = static_cast<float>(a[row * lda + col]);
+        }
+      }
+      for (int64_t row = 0; row < m; row += kRowsPerCall) {
+        at::native::cpublas::brgemm(std::min(kRowsPerCall, m - row), n_, k_, k_, n_, ldc, accumulate,
+                                    widened + row * k_, static_cast<const float*>(buffer_), c + row * ldc);
+      }
+      return;
+    }
+    if (route_ == Route::kMkl && fits_int({m, n_, k_, lda, ldb_, ldc})) {
+      mkl().gemm_bf16(kRowMajor, kNoTrans, trans_b_ ? kTrans : kNoTrans, static_cast<int>(m), static_cast<int>(n_),
+                      static_cast<int>(k_), 1.0f, a, static_cast<int>(lda), b_, static_cast<int>(ldb_),
+                      accumulate ? 1.0f : 0.0f, c, static_cast<int>(ldc));
+      return;
+    }
+    // ATen's bfloat16 GEMM (oneDNN), rounded to bfloat16, then widened into C.
+    auto* product = static_cast<c10::BFloat16*>(scratch_);
+    aten_gemm(false, trans_b_, m, n_, k_, a, lda, b_, ldb_, false, product, n_);
+    for (int64_t row = 0; row < m; ++row) {
+      for (int64_t col = 0; col < n_; ++col) {
+        const float value = static_cast<float>(product[row * n_ + col]);
+        c[row * ldc + col] = accumulate ? c[row * ldc + col] + value : value;
+      }
+    }
+    return;
+  } else {
+    if (route_ == Route::kMkl && fits_int({m, n_, k_, lda, ldb_, ldc})) {
+      mkl_gemm(false, trans_b_, m, n_, k_, a, lda, b_, ldb_, accumulate, c, ldc);
+      return;
+    }
+    aten_gemm(false, trans_b_, m, n_, k_, a, lda, b_, ldb_, accumulate, c, ldc);
+  }
 }
 
 SingleThreaded::SingleThreaded(bool enable) {
@@ -290,15 +591,15 @@ SingleThreaded::~SingleThreaded() {
   }
 }
 
-template void gemm<float>(bool, bool, int64_t, int64_t, int64_t, const float*, int64_t, const float*, int64_t, bool,
-                          float*, int64_t);
-template void gemm<double>(bool, bool, int64_t, int64_t, int64_t, const double*, int64_t, const double*, int64_t,
-                           bool, double*, int64_t);
-template void gemm<c10::BFloat16>(bool, bool, int64_t, int64_t, int64_t, const c10::BFloat16*, int64_t,
-                                  const c10::BFloat16*, int64_t, bool, c10::BFloat16*, int64_t);
-template class RightOperand<float>;
-template class RightOperand<double>;
-template class RightOperand<c10::BFloat16>;
+#define LLTM_INSTANTIATE(scalar_t)                                                                                   \
+  template void gemm<scalar_t>(bool, bool, int64_t, int64_t, int64_t, const scalar_t*, int64_t, const scalar_t*,     \
+                               int64_t, bool, scalar_t*, int64_t);                                                   \
+  template Route recurrent_route<scalar_t>(bool, int64_t, int64_t, int64_t, const scalar_t*, int64_t, bool);         \
+  template class RightOperand<scalar_t>;
+LLTM_INSTANTIATE(float)
+LLTM_INSTANTIATE(double)
+LLTM_INSTANTIATE(c10::BFloat16)
+#undef LLTM_INSTANTIATE
 
 }  // namespace blas
 }  // namespace lltm_cpu

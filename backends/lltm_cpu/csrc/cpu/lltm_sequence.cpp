@@ -39,6 +39,7 @@
 #include <optional>
 #include <string>
 #include <tuple>
+#include <type_traits>
 #include <vector>
 
 #include "blas.h"
@@ -148,6 +149,18 @@ at::Tensor fresh_copy(const at::Tensor& source) {
   return copy;
 }
 
+// The same, in the type the kernels carry state in: float for bfloat16.
+at::Tensor state_copy(const at::Tensor& source) {
+  at::Tensor copy = at::empty(source.sizes(), source.options().dtype(at::toOpMathType(source.scalar_type())));
+  copy.copy_(source);
+  return copy;
+}
+
+// A state back in `dtype`: itself where it already is (new memory either way).
+at::Tensor in_dtype(const at::Tensor& state, at::ScalarType dtype) {
+  return state.scalar_type() == dtype ? state : state.to(dtype);
+}
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> sequence_forward(
     const at::Tensor& input_arg, const at::Tensor& weights_arg, const at::Tensor& bias_arg, const at::Tensor& h0_arg,
     const at::Tensor& c0_arg, const std::optional<at::Tensor>& lengths_arg, bool reverse, bool needs_backward) {
@@ -178,25 +191,30 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> sequence_
   const int64_t chunk_steps = needs_backward ? T : inference_chunk_steps(T, B, S);
   at::Tensor gates = at::empty({needs_backward ? T : std::min(chunk_steps, T), B, 3 * S}, options);
   at::Tensor tanh_cell = needs_backward ? at::empty({T, B, S}, options) : at::empty({0}, options);
-  at::Tensor c_n = fresh_copy(c0_arg);  // the cell state, updated in place step by step
+  at::Tensor cell = state_copy(c0_arg);  // the cell state, updated in place step by step
   // With lengths, a row past its length keeps its h, which output (zero
   // there) no longer holds: h_n is then the state the steps update.
   at::Tensor h_n = lengths.has_value() || T == 0 ? fresh_copy(h0) : at::empty({B, S}, options);
   const auto result = [&] {
-    return std::tuple{output, h_n, c_n, needs_backward ? gates : at::empty({0}, options), tanh_cell};
+    return std::tuple{output, h_n, in_dtype(cell, input.scalar_type()), needs_backward ? gates : at::empty({0}, options),
+                      tanh_cell};
   };
   if (T == 0 || B == 0) {
     return result();
   }
 
   AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, input.scalar_type(), op, [&] {
+    using opmath_t = at::opmath_type<scalar_t>;
+    // float and float64 add h W_h^T into the gates buffer; bfloat16's product
+    // is float, kept apart until the pointwise pass adds it.
+    constexpr bool kSeparateProduct = !std::is_same_v<opmath_t, scalar_t>;
     const scalar_t* w = weights.const_data_ptr<scalar_t>();
     const int64_t ldw = S + I;
     const scalar_t* x = input.const_data_ptr<scalar_t>();
     scalar_t* gates_data = gates.data_ptr<scalar_t>();
     scalar_t* output_data = output.data_ptr<scalar_t>();
     scalar_t* tanh_cell_data = needs_backward ? tanh_cell.data_ptr<scalar_t>() : nullptr;
-    scalar_t* cell_data = c_n.data_ptr<scalar_t>();
+    opmath_t* cell_data = cell.data_ptr<opmath_t>();
     scalar_t* hidden_data = lengths.has_value() ? h_n.data_ptr<scalar_t>() : nullptr;
     const scalar_t* h0_data = h0.const_data_ptr<scalar_t>();
     const scalar_t* bias_data = bias.const_data_ptr<scalar_t>();
@@ -204,8 +222,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> sequence_
     const auto step_pass = pointwise_kernels<scalar_t>().sequence_forward;
 
     const RowBlocks blocks = split_rows(B, T * 3 * S * S, B * 3 * S * S);
-    // Each block's h W_h^T operand, laid out on its own thread at its first chunk.
+    const blas::Route route =
+        blas::recurrent_route<scalar_t>(/*trans_b=*/true, blocks.max_rows(), 3 * S, S, w, ldw, blocks.blas_threads);
+    // Each block's h W_h^T operand, laid out on its own thread at its first
+    // chunk, and (bfloat16) its buffer for the product.
     std::vector<std::unique_ptr<blas::RightOperand<scalar_t>>> w_h(blocks.count);
+    std::vector<std::vector<opmath_t>> products(blocks.count);
     // The chunks in the order the steps run: step i of that order is t = i,
     // or T-1-i reversed.
     for (int64_t chunk_begin = 0; chunk_begin < T; chunk_begin += chunk_steps) {
@@ -224,9 +246,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> sequence_
       run_blocks(blocks, [&](int64_t block, int64_t row_begin, int64_t row_end) {
         const int64_t block_rows = row_end - row_begin;
         if (!w_h[block]) {
-          w_h[block] = std::make_unique<blas::RightOperand<scalar_t>>(/*trans_b=*/true, blocks.max_rows(), 3 * S, S,
-                                                                      w, ldw, blocks.blas_threads);
+          w_h[block] = std::make_unique<blas::RightOperand<scalar_t>>(route, /*trans_b=*/true, blocks.max_rows(),
+                                                                      3 * S, S, w, ldw);
+          if (kSeparateProduct) {
+            products[block].resize(block_rows * 3 * S);
+          }
         }
+        opmath_t* product = kSeparateProduct ? products[block].data() : nullptr;
         for (int64_t i = chunk_begin; i < chunk_end; ++i) {
           const int64_t t = reverse ? T - 1 - i : i;
           const int64_t first_row = t * B + row_begin;
@@ -236,9 +262,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> sequence_
                                    : i == 0               ? h0_data + row_begin * S
                                                           : output_data + (previous_t * B + row_begin) * S;
           scalar_t* gates_t = gates_data + ((t - first_t) * B + row_begin) * 3 * S;
-          w_h[block]->multiply(block_rows, h_prev, S, /*accumulate=*/true, gates_t, 3 * S);
+          // Without a separate product opmath_t is scalar_t: the cast changes nothing.
+          w_h[block]->multiply(block_rows, h_prev, S, /*accumulate=*/!kSeparateProduct,
+                               kSeparateProduct ? product : reinterpret_cast<opmath_t*>(gates_t), 3 * S);
           const SequenceForwardStep<scalar_t> pass{
               gates_t,
+              product,
               cell_data + row_begin * S,
               hidden_data != nullptr ? hidden_data + row_begin * S : nullptr,
               output_data + first_row * S,
@@ -296,16 +325,20 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> sequence_
       grad_output_arg.stride(2) == 0 || grad_output_arg.stride(2) == 1 ? grad_output_arg : grad_output_arg.contiguous();
 
   const auto options = input.options();
-  // The carried gradients of h and c, which end as those of h0 and c0.
-  at::Tensor grad_h0 = fresh_copy(grad_h_n);
-  at::Tensor grad_c0 = fresh_copy(grad_c_n);
+  // The carried gradients of h and c (float for bfloat16), which end as those of h0 and c0.
+  at::Tensor grad_h = state_copy(grad_h_n);
+  at::Tensor grad_c = state_copy(grad_c_n);
+  const auto result = [&](const at::Tensor& grad_input, const at::Tensor& grad_weights, const at::Tensor& grad_bias) {
+    return std::tuple{grad_input, grad_weights, grad_bias, in_dtype(grad_h, input.scalar_type()),
+                      in_dtype(grad_c, input.scalar_type())};
+  };
   at::Tensor grad_weights = at::empty({3 * S, S + I}, options);
   at::Tensor grad_bias = at::empty({3 * S}, options);
   at::Tensor grad_input = needs_grad_input ? at::empty({T, B, I}, options) : at::empty({0}, options);
   if (T == 0 || B == 0) {
     grad_weights.zero_();
     grad_bias.zero_();
-    return {grad_input, grad_weights, grad_bias, grad_h0, grad_c0};
+    return result(grad_input, grad_weights, grad_bias);
   }
   at::Tensor grad_gates = at::empty({T, B, 3 * S}, options);
 
@@ -319,8 +352,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> sequence_
     const int64_t grad_output_step_stride = grad_output.stride(0), grad_output_row_stride = grad_output.stride(1);
     const bool grad_output_broadcast_row = grad_output.stride(2) == 0;
     scalar_t* grad_gates_data = grad_gates.data_ptr<scalar_t>();
-    scalar_t* grad_h_data = grad_h0.data_ptr<scalar_t>();
-    scalar_t* grad_c_data = grad_c0.data_ptr<scalar_t>();
+    opmath_t* grad_h_data = grad_h.data_ptr<opmath_t>();
+    opmath_t* grad_c_data = grad_c.data_ptr<opmath_t>();
     const int64_t* lengths_data = lengths.has_value() ? lengths->const_data_ptr<int64_t>() : nullptr;
 
     // One bias sum per block of rows, added up in block order afterwards
@@ -328,15 +361,17 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> sequence_
     std::vector<opmath_t> bias_sums(at::get_num_threads() * 3 * S, opmath_t(0));
     const auto step_pass = pointwise_kernels<scalar_t>().sequence_backward;
     const RowBlocks blocks = split_rows(B, T * 3 * S * S, B * 3 * S * S);
+    const blas::Route route =
+        blas::recurrent_route<scalar_t>(/*trans_b=*/false, blocks.max_rows(), S, 3 * S, w, ldw, blocks.blas_threads);
     run_blocks(blocks, [&](int64_t block, int64_t row_begin, int64_t row_end) {
       const int64_t rows = row_end - row_begin;
       // d_gates W_h
-      const blas::RightOperand<scalar_t> w_h(/*trans_b=*/false, rows, S, 3 * S, w, ldw, blocks.blas_threads);
+      const blas::RightOperand<scalar_t> w_h(route, /*trans_b=*/false, blocks.max_rows(), S, 3 * S, w, ldw);
       for (int64_t i = 0; i < T; ++i) {
         const int64_t t = reverse ? i : T - 1 - i;  // the steps, last first
         const int64_t first_row = t * B + row_begin;
         scalar_t* grad_gates_t = grad_gates_data + first_row * 3 * S;
-        scalar_t* grad_h_rows = grad_h_data + row_begin * S;
+        opmath_t* grad_h_rows = grad_h_data + row_begin * S;
         const SequenceBackwardStep<scalar_t> pass{
             grad_output_data + t * grad_output_step_stride + row_begin * grad_output_row_stride,
             grad_output_row_stride,
@@ -399,15 +434,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> sequence_
                            grad_input.data_ptr<scalar_t>(), I);
     }
   });
-  return {grad_input, grad_weights, grad_bias, grad_h0, grad_c0};
+  return result(grad_input, grad_weights, grad_bias);
 }
 
-// Which route the sequence kernels' recurrent GEMMs take for this dtype:
-// "brgemm", "mkl-packed", "mkl" or "aten" (for tests and benchmarks, which
-// must know which path they measured).
-std::string sequence_gemm(at::ScalarType dtype) {
-  return blas::route_name(blas::route_for(dtype));
-}
+// The GEMM routes chosen so far in this process, one line per shape (see
+// blas.h): for tests, benchmarks and lltm_cpu.gemm_routes().
+std::vector<std::string> gemm_routes() { return blas::gemm_routes(); }
 
 }  // namespace
 
@@ -418,7 +450,7 @@ TORCH_LIBRARY_IMPL(lltm_cpu, CPU, m) {
 
 // It takes no tensor, so no backend key can select it.
 TORCH_LIBRARY_IMPL(lltm_cpu, CompositeImplicitAutograd, m) {
-  m.impl("sequence_gemm", &sequence_gemm);
+  m.impl("gemm_routes", &gemm_routes);
 }
 
 }  // namespace lltm_cpu

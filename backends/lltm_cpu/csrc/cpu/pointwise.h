@@ -48,12 +48,18 @@ struct BackwardPointers {
 // `rows` consecutive batch rows and every state column.  The input projection
 // and the bias are already in `gates`, so unlike ForwardPointers there is no
 // bias.  Rows are contiguous: a row of gates has 3S elements, the others S.
+// The cell state and the recurrent GEMM's product are in opmath_t, float for
+// bfloat16 (as lltm-cuda keeps them): only what is returned or saved is
+// rounded to bfloat16.
 template <typename scalar_t>
 struct SequenceForwardStep {
-  // In: x W_x^T + bias + h_{t-1} W_h^T.  Out: the activated gates
-  // [sigmoid(i) | sigmoid(o) | elu(z)]; zero for rows past their length.
+  using opmath_t = at::opmath_type<scalar_t>;
+  // In: x W_x^T + bias (+ h_{t-1} W_h^T where `recurrent` is nullptr).  Out:
+  // the activated gates [sigmoid(i) | sigmoid(o) | elu(z)]; zero for rows
+  // past their length.
   scalar_t* gates;
-  scalar_t* cell;       // in: c_{t-1}; out: c_t (rows past their length keep c_{t-1})
+  const opmath_t* recurrent;  // nullptr, or h_{t-1} W_h^T (rows of 3S), added to gates
+  opmath_t* cell;       // in: c_{t-1}; out: c_t (rows past their length keep c_{t-1})
   scalar_t* hidden;     // nullptr, or the state h, which rows within their length set to h_t
   scalar_t* output;     // out: h_t; zero for rows past their length
   // out: tanh(c_t), saved for backward; zero for rows past their length.
@@ -65,9 +71,11 @@ struct SequenceForwardStep {
   int64_t state_size;
 };
 
-// One time step of the sequence backward, undoing SequenceForwardStep.
+// One time step of the sequence backward, undoing SequenceForwardStep.  The
+// carried gradients of h and c are in opmath_t, as the forward's state.
 template <typename scalar_t>
 struct SequenceBackwardStep {
+  using opmath_t = at::opmath_type<scalar_t>;
   // d loss / d output_t, row r at grad_output + r * grad_output_row_stride;
   // along a row the stride is 1, or 0 (one value broadcast, as from output.sum()).
   const scalar_t* grad_output;
@@ -76,8 +84,8 @@ struct SequenceBackwardStep {
   // In: the gradient of h_t from the steps after t.  With lengths, a row
   // within its length is zeroed once read, so that the GEMM that follows may
   // add d_gates_t W_h into it while rows past their length keep theirs.
-  scalar_t* grad_h;
-  scalar_t* grad_cell;  // in: the gradient of c_t; out: of c_{t-1} (rows past their length keep it)
+  opmath_t* grad_h;
+  opmath_t* grad_cell;  // in: the gradient of c_t; out: of c_{t-1} (rows past their length keep it)
   const scalar_t* gates;      // the activated gates SequenceForwardStep saved
   const scalar_t* tanh_cell;  // tanh(c_t)
   scalar_t* grad_gates;       // out: d loss / d pre-activation gates; zero for rows past their length

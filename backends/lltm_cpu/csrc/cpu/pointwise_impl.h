@@ -248,6 +248,7 @@ void fill_zero(scalar_t* ptr, int64_t count) {
 template <typename scalar_t>
 void sequence_forward_pass(const SequenceForwardStep<scalar_t>& p) {
   using M = Memory<scalar_t>;
+  using opmath_t = typename M::opmath_t;
   using V = typename M::V;
   const int64_t S = p.state_size;
   for (int64_t row = 0; row < p.rows; ++row) {
@@ -268,13 +269,20 @@ void sequence_forward_pass(const SequenceForwardStep<scalar_t>& p) {
       auto load = [count](const scalar_t* ptr) { return M::load(ptr, count); };
       auto store = [count](const V& value, scalar_t* ptr) { M::store(value, ptr, count); };
 
-      const CellForward<V> cell = cell_forward(load(gates + col), load(gates + S + col), load(gates + 2 * S + col),
-                                               load(p.cell + row_offset + col));
+      V input_pre = load(gates + col), output_pre = load(gates + S + col), candidate_pre = load(gates + 2 * S + col);
+      if (p.recurrent != nullptr) {
+        const opmath_t* recurrent = p.recurrent + row * 3 * S;
+        input_pre = input_pre + V::loadu(recurrent + col, count);
+        output_pre = output_pre + V::loadu(recurrent + S + col, count);
+        candidate_pre = candidate_pre + V::loadu(recurrent + 2 * S + col, count);
+      }
+      opmath_t* cell_state = p.cell + row_offset + col;
+      const CellForward<V> cell = cell_forward(input_pre, output_pre, candidate_pre, V::loadu(cell_state, count));
       const V new_h = cell.tanh_cell * cell.output_gate;
       store(cell.input_gate, gates + col);
       store(cell.output_gate, gates + S + col);
       store(cell.candidate, gates + 2 * S + col);
-      store(cell.new_cell, p.cell + row_offset + col);
+      cell.new_cell.store(cell_state, count);
       if (p.tanh_cell != nullptr) {
         store(cell.tanh_cell, p.tanh_cell + row_offset + col);
       }
@@ -313,13 +321,13 @@ void sequence_backward_pass(const SequenceBackwardStep<scalar_t>& p) {
 
       const V upstream =
           p.grad_output_broadcast_row ? V(static_cast<opmath_t>(grad_output[0])) : load(grad_output + col);
-      const V grad_h = load(p.grad_h + row_offset + col) + upstream;
+      const V grad_h = V::loadu(p.grad_h + row_offset + col, count) + upstream;
       const CellBackward<V> grads = cell_backward(
-          grad_h, load(p.grad_cell + row_offset + col), load(p.tanh_cell + row_offset + col), load(gates + col),
-          load(gates + S + col), load(gates + 2 * S + col));
-      M::store(grads.grad_new_cell, p.grad_cell + row_offset + col, count);
+          grad_h, V::loadu(p.grad_cell + row_offset + col, count), load(p.tanh_cell + row_offset + col),
+          load(gates + col), load(gates + S + col), load(gates + 2 * S + col));
+      grads.grad_new_cell.store(p.grad_cell + row_offset + col, count);
       if (p.lengths != nullptr) {
-        M::store(V(0), p.grad_h + row_offset + col, count);
+        V(0).store(p.grad_h + row_offset + col, count);
       }
       store_gate(0, grads.grad_input);
       store_gate(1, grads.grad_output);
