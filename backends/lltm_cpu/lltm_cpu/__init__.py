@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["saved_layout", "sequence_saved_layout", "load_backend"]
+__all__ = ["saved_layout", "sequence_saved_layout", "load_backend", "cpu_info", "gemm_routes"]
 
 _DISTRIBUTION = "lltm-cpu"
 
@@ -44,6 +44,47 @@ def sequence_saved_layout(steps: int, batch: int, input_features: int, state_siz
         "gates": (steps, batch, 3 * state_size),  # per step [sigmoid(i) | sigmoid(o) | elu(z)]
         "tanh_cell": (steps, batch, state_size),  # per step tanh(c_t)
     }
+
+
+@functools.cache
+def cpu_info() -> str:
+    """This CPU as the kernels see it: vendor and model, and the instruction sets that choose
+    their code (AVX2, AVX-512, AVX512_BF16, AMX), e.g. "AuthenticAMD AMD EPYC: AVX2, AVX-512, AVX512_BF16, no AMX"."""
+    vendor = model = ""
+    flags: set[str] = set()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                key = key.strip()
+                if key == "vendor_id" and not vendor:
+                    vendor = value.strip()
+                elif key == "model name" and not model:
+                    model = value.strip()
+                elif key == "flags" and not flags:
+                    flags = set(value.split())
+    except OSError:  # not Linux: torch's own view of the instruction sets only
+        pass
+    import platform
+
+    model = model or platform.processor() or platform.machine()
+    capability = torch.backends.cpu.get_cpu_capability()
+    if flags:
+        isa = [name for flag, name in (("avx2", "AVX2"), ("avx512f", "AVX-512"), ("avx512_bf16", "AVX512_BF16"))
+               if flag in flags]
+        isa.append("AMX-BF16" if "amx_bf16" in flags else "no AMX")
+    else:
+        isa = [capability]
+    return f"{vendor + ' ' if vendor else ''}{model}: {', '.join(isa)} (ATen's kernels: {capability})"
+
+
+def gemm_routes() -> list[str]:
+    """The GEMM routes this process's sequence kernels chose so far, one line per shape, with
+    the timings that chose them (empty before the first sequence call; see csrc/cpu/blas.h)."""
+    unavailable = _load_library()
+    if unavailable is not None:
+        raise RuntimeError(f"lltm_cpu: {unavailable}")
+    return list(torch.ops.lltm_cpu.gemm_routes())
 
 
 @functools.cache
@@ -134,7 +175,8 @@ def load_backend():
         priority=100,
         interface_versions=(1, 2, 3),
         availability=lambda: unavailable,
-        description="fused C++ kernels, vectorised per CPU instruction set (AVX2, AVX-512)",
+        # Its GEMM routes are chosen per shape at the first call: lltm_cpu.gemm_routes() lists them.
+        description=f"fused C++ kernels, vectorised per CPU instruction set; this CPU: {cpu_info()}",
         sequence_forward=sequence_forward,
         sequence_backward=sequence_backward,
         sequence_saved_layout=sequence_saved_layout,

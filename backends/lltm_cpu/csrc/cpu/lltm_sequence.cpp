@@ -5,10 +5,11 @@
 // reference this must match), with the same saved tensors: the activated
 // gates (T, B, 3S) and tanh(c_t) (T, B, S).
 //
-// Forward: one GEMM projects the input of all T*B rows, into a gates buffer
-// that starts as the bias, so the bias is folded in; then each step adds its
-// recurrent GEMM h_{t-1} W_h^T into its slice of that buffer and one fused
-// pointwise pass (pointwise_impl.h) turns it into the gates, c_t and h_t.
+// Forward: one GEMM projects the input of all T*B rows into a gates buffer;
+// then each step adds its recurrent GEMM h_{t-1} W_h^T into its slice of that
+// buffer (bfloat16: into a float buffer of its own) and one fused pointwise
+// pass (pointwise_impl.h) adds the bias and turns it into the gates, c_t and
+// h_t.
 // Inference (needs_backward false, contract v3) saves nothing: it projects
 // the input a chunk of steps at a time into one reused buffer and writes no
 // tanh(c_t), so its memory is the output plus that buffer.
@@ -234,14 +235,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> sequence_
       const int64_t chunk_end = std::min(T, chunk_begin + chunk_steps);
       const int64_t first_t = reverse ? T - chunk_end : chunk_begin;  // the chunk's smallest t
       const int64_t rows = (chunk_end - chunk_begin) * B;
-      // The chunk's input projection, the bias folded in: each row of gates
-      // starts as the bias and the GEMM adds x W_x^T to it.
-      at::parallel_for(0, rows, at::divup(kMinElementsPerThread, 3 * S), [&](int64_t begin, int64_t end) {
-        for (int64_t row = begin; row < end; ++row) {
-          std::memcpy(gates_data + row * 3 * S, bias_data, 3 * S * sizeof(scalar_t));
-        }
-      });
-      blas::gemm<scalar_t>(false, true, rows, 3 * S, I, x + first_t * B * I, I, w + S, ldw, true, gates_data, 3 * S);
+      // The chunk's input projection x W_x^T (the pointwise pass adds the bias).
+      blas::gemm<scalar_t>(false, true, rows, 3 * S, I, x + first_t * B * I, I, w + S, ldw, false, gates_data, 3 * S);
 
       run_blocks(blocks, [&](int64_t block, int64_t row_begin, int64_t row_end) {
         const int64_t block_rows = row_end - row_begin;
@@ -267,6 +262,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> sequence_
                                kSeparateProduct ? product : reinterpret_cast<opmath_t*>(gates_t), 3 * S);
           const SequenceForwardStep<scalar_t> pass{
               gates_t,
+              bias_data,
               product,
               cell_data + row_begin * S,
               hidden_data != nullptr ? hidden_data + row_begin * S : nullptr,

@@ -46,18 +46,21 @@ struct BackwardPointers {
 
 // One time step of the sequence forward (lltm_sequence.cpp), for a block of
 // `rows` consecutive batch rows and every state column.  The input projection
-// and the bias are already in `gates`, so unlike ForwardPointers there is no
-// bias.  Rows are contiguous: a row of gates has 3S elements, the others S.
+// is already in `gates`; the pass adds the bias (which a fill before the
+// projection GEMM would cost a pass over all T*B*3S gates, and the GEMM a
+// read of them).  Rows are contiguous: a row of gates has 3S elements, the
+// others S.
 // The cell state and the recurrent GEMM's product are in opmath_t, float for
 // bfloat16 (as lltm-cuda keeps them): only what is returned or saved is
 // rounded to bfloat16.
 template <typename scalar_t>
 struct SequenceForwardStep {
   using opmath_t = at::opmath_type<scalar_t>;
-  // In: x W_x^T + bias (+ h_{t-1} W_h^T where `recurrent` is nullptr).  Out:
-  // the activated gates [sigmoid(i) | sigmoid(o) | elu(z)]; zero for rows
-  // past their length.
+  // In: x W_x^T (+ h_{t-1} W_h^T where `recurrent` is nullptr).  Out: the
+  // activated gates [sigmoid(i) | sigmoid(o) | elu(z)]; zero for rows past
+  // their length.
   scalar_t* gates;
+  const scalar_t* bias;  // (3S)
   const opmath_t* recurrent;  // nullptr, or h_{t-1} W_h^T (rows of 3S), added to gates
   opmath_t* cell;       // in: c_{t-1}; out: c_t (rows past their length keep c_{t-1})
   scalar_t* hidden;     // nullptr, or the state h, which rows within their length set to h_t

@@ -269,7 +269,9 @@ void sequence_forward_pass(const SequenceForwardStep<scalar_t>& p) {
       auto load = [count](const scalar_t* ptr) { return M::load(ptr, count); };
       auto store = [count](const V& value, scalar_t* ptr) { M::store(value, ptr, count); };
 
-      V input_pre = load(gates + col), output_pre = load(gates + S + col), candidate_pre = load(gates + 2 * S + col);
+      V input_pre = load(gates + col) + load(p.bias + col);
+      V output_pre = load(gates + S + col) + load(p.bias + S + col);
+      V candidate_pre = load(gates + 2 * S + col) + load(p.bias + 2 * S + col);
       if (p.recurrent != nullptr) {
         const opmath_t* recurrent = p.recurrent + row * 3 * S;
         input_pre = input_pre + V::loadu(recurrent + col, count);
