@@ -14,26 +14,34 @@ processes to go quiet, and a run during which they used more than
 ``--max-others`` CPU-seconds is discarded and taken again; the report says how
 many were.
 
-Candidates, on float32 with 2 threads (torch.set_num_threads), one layer and
-direction, zero initial state, the input requiring grad (so the backward
-computes d_input, as for any layer but the first; nn.LSTM's oneDNN backward
-takes as long without it, measured at T32 B64):
+Candidates, in float32 and in bfloat16 (``--dtypes``), with 2 threads
+(torch.set_num_threads), one layer and direction, zero initial state, the
+input requiring grad (so the backward computes d_input, as for any layer but
+the first; nn.LSTM's oneDNN backward takes as long without it, measured at
+T32 B64):
 
-* ``nn.LSTM``: ``torch.nn.LSTM(I, S)``;
+* ``nn.LSTM``: ``torch.nn.LSTM(I, S)`` in the same dtype;
 * ``lltm cpu (LLTMLayer)``: ``lltm_core.LLTMLayer(I, S, backend="cpu")``, the
   fused sequence kernels behind lltm_core's autograd;
 * ``lltm cpu per-step loop``: ``lltm_core.LLTM(I, S, backend="cpu")`` called once
   per step in Python, the outputs stacked (what a user without LLTMLayer writes);
 * ``lltm_cpu sequence ops``: ``torch.ops.lltm_cpu.sequence_forward`` and
-  ``.sequence_backward`` called directly: no lltm_core, no autograd;
-* ``its GEMMs alone``: the GEMMs lltm_cpu's sequence kernels run and nothing
-  else, from C++ (compiled here with ninja): the per-step GEMMs on torch's
-  brgemm, one block of batch rows per thread, the others on ATen (MKL): one
-  input projection and T recurrent GEMMs forward; T recurrent GEMMs, the three
-  weight-gradient GEMMs and the d_input GEMM backward;
-* ``its GEMMs alone, at::addmm per step``: the same GEMMs, all through ATen
-  into preallocated buffers (``at::addmm_out`` / ``at::mm_out``), each
-  MKL-threaded: what the per-step GEMMs cost without lltm_cpu's choices.
+  ``.sequence_backward`` called directly: no lltm_core, no autograd; its
+  inference is contract v3's forward (``needs_backward=False``: the input
+  projected in chunks, nothing saved);
+* ``sequence ops, forward saving for backward``: inference through the
+  forward that saves the gates and tanh(c_t) (``needs_backward=True``, what
+  every forward did before contract v3), to show the chunked one is no slower;
+* float32 only, ``its GEMMs alone``: the GEMMs lltm_cpu's sequence kernels run
+  on this CPU and nothing else, from C++ (compiled here with ninja): the
+  per-step GEMMs on torch's brgemm, one block of batch rows per thread, the
+  others on oneDNN's matmul (the routes lltm_cpu measured fastest here; the
+  header lists them): one input projection and T recurrent GEMMs forward; T
+  recurrent GEMMs, the three weight-gradient GEMMs and the d_input GEMM
+  backward;
+* float32 only, ``its GEMMs alone, at::addmm per step``: the same GEMMs, all
+  through ATen into preallocated buffers (``at::addmm_out`` / ``at::mm_out``),
+  each MKL-threaded: what the per-step GEMMs cost without lltm_cpu's choices.
 
 Training is forward + backward of ``output.sum()`` (timed as one, gradients
 reset to None before each call); inference is the forward under
@@ -54,46 +62,75 @@ import torch
 from torch.utils import cpp_extension
 
 import lltm_core
-from lltm_core.testing import max_rel_error
+from lltm_core.testing import max_rel_error, reference_sequence, tolerance
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_cpu import busy_cpu_seconds, cpu_model, own_cpu_seconds  # noqa: E402
+from bench_cpu import busy_cpu_seconds, own_cpu_seconds  # noqa: E402
 
 OWN_GEMMS = "its GEMMs alone"
 ATEN_GEMMS = "its GEMMs alone, at::addmm per step"
+SAVING_FORWARD = "sequence ops, forward saving for backward"
+LAYER = "lltm cpu (LLTMLayer)"
 
 SMALL = dict(steps=64, batch=16, input_features=32, state_size=128)
 LARGE = dict(steps=32, batch=64, input_features=256, state_size=512)
 
-# What the notes' "written down before optimising" predicted for some of these ratios.
+# What the notes' "written down before optimising" predicted for LLTMLayer / nn.LSTM,
+# per (dtype, size, mode).
 PREDICTED = {
-    ("small", "train", "nn.LSTM"): 0.64,
-    ("small", "infer", "nn.LSTM"): 0.69,
-    ("small", "train", "lltm cpu per-step loop"): 0.25,
-    ("large", "train", "nn.LSTM"): 0.77,
-    ("large", "infer", "nn.LSTM"): 0.87,
+    ("float32", "small", "train"): 0.66,
+    ("float32", "small", "infer"): 0.75,
+    ("float32", "large", "train"): 0.65,
+    ("float32", "large", "infer"): 0.82,
+    ("bfloat16", "small", "train"): 1.0,
+    ("bfloat16", "small", "infer"): 1.5,
+    ("bfloat16", "large", "train"): 0.6,
+    ("bfloat16", "large", "infer"): 1.0,
 }
 
-# (size, mode, candidate, baseline, target): candidate time / baseline time must be at most target.
+# (dtype, size, mode, candidate, baseline, target): candidate time / baseline time must be at most target.
 TARGETS = [
-    ("small", "train", "lltm cpu (LLTMLayer)", "nn.LSTM", 0.80),
-    ("small", "infer", "lltm cpu (LLTMLayer)", "nn.LSTM", 1.00),
-    ("small", "train", "lltm cpu (LLTMLayer)", "lltm cpu per-step loop", 0.35),
-    ("large", "train", "lltm cpu (LLTMLayer)", "nn.LSTM", 0.85),
-    ("large", "infer", "lltm cpu (LLTMLayer)", "nn.LSTM", 1.05),
-    ("large", "train", "lltm cpu (LLTMLayer)", OWN_GEMMS, 1.15),
+    ("float32", "small", "train", LAYER, "nn.LSTM", 0.65),
+    ("float32", "small", "infer", LAYER, "nn.LSTM", 0.85),
+    ("float32", "large", "train", LAYER, "nn.LSTM", 0.70),
+    ("float32", "large", "infer", LAYER, "nn.LSTM", 0.85),
+    ("bfloat16", "small", "train", LAYER, "nn.LSTM", 0.80),
+    ("bfloat16", "small", "infer", LAYER, "nn.LSTM", 1.00),
+    ("bfloat16", "large", "train", LAYER, "nn.LSTM", 0.80),
+    ("bfloat16", "large", "infer", LAYER, "nn.LSTM", 1.00),
+    # Contract v3's chunked inference forward against the forward that saves for backward.
+    ("float32", "small", "infer", "lltm_cpu sequence ops", SAVING_FORWARD, 1.00),
+    ("float32", "large", "infer", "lltm_cpu sequence ops", SAVING_FORWARD, 1.00),
 ]
 
 # The GEMMs of lltm_cpu's sequence kernels and nothing else, from C++: with
 # ATen's GEMMs throughout (at::addmm_out per step, MKL-threaded), and with the
-# GEMMs the kernels themselves run (brgemm per step on a block of rows per
-# thread, on its own transposed copy of W_h; MKL for the GEMMs over all steps).
+# GEMMs the kernels themselves run on this CPU (brgemm per step on a block of
+# rows per thread, on its own transposed copy of W_h; oneDNN's matmul for the
+# GEMMs over all steps).
 _CPP = r"""
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <ATen/native/CPUBlas.h>
 
 #include <vector>
+
+namespace at::native {  // exported by libtorch_cpu, its header not installed (see lltm_cpu's blas.cpp)
+TORCH_API void mkldnn_matmul(const Tensor& mat1, const Tensor& mat2, const Tensor& result, float beta, float alpha);
+}
+
+// The GEMMs over all steps as lltm_cpu runs them here: d_W = d_gates^T [h_prev | x], d_input.
+void own_after_loop(const at::Tensor& grad_gates, const at::Tensor& w_x, const at::Tensor& input,
+                    const at::Tensor& output, const at::Tensor& h0, at::Tensor& grad_w_h, at::Tensor& grad_w_x,
+                    at::Tensor& grad_input) {
+  const int64_t T = input.size(0), B = input.size(1);
+  const at::Tensor flat = grad_gates.view({T * B, -1});
+  at::native::mkldnn_matmul(flat.narrow(0, B, (T - 1) * B).t(), output.view({T * B, -1}).narrow(0, 0, (T - 1) * B),
+                            grad_w_h, 0.0f, 1.0f);
+  at::native::mkldnn_matmul(flat.narrow(0, 0, B).t(), h0, grad_w_h, 1.0f, 1.0f);
+  at::native::mkldnn_matmul(flat.t(), input.view({T * B, -1}), grad_w_x, 0.0f, 1.0f);
+  at::native::mkldnn_matmul(flat, w_x, grad_input.view({T * B, -1}), 0.0f, 1.0f);
+}
 
 // Forward: x W_x^T + b for all T*B rows, then per step gates_t += h W_h^T.
 void aten_forward(const at::Tensor& input, const at::Tensor& w_x, const at::Tensor& bias, const at::Tensor& w_h,
@@ -146,8 +183,7 @@ void for_blocks(int64_t B, const Block& block) {
 void own_forward(const at::Tensor& input, const at::Tensor& w_x, const at::Tensor& bias, const at::Tensor& w_h,
                  const at::Tensor& h, at::Tensor& gates) {
   const int64_t T = input.size(0), B = input.size(1), S = w_h.size(1);
-  at::Tensor flat_gates = gates.view({T * B, -1});
-  at::addmm_out(flat_gates, bias, input.view({T * B, -1}), w_x.t());
+  at::native::mkldnn_matmul(input.view({T * B, -1}), w_x.t(), gates.view({T * B, -1}), 0.0f, 1.0f);
   for_blocks(B, [&](int64_t row_begin, int64_t row_end) {
     std::vector<float> w_h_t(S * 3 * S);  // (S, 3S)
     const float* w = w_h.data_ptr<float>();
@@ -175,7 +211,7 @@ void own_backward(const at::Tensor& grad_gates, const at::Tensor& w_x, const at:
                                   grad_h.data_ptr<float>() + row_begin * S);
     }
   });
-  after_loop(grad_gates, w_x, input, output, h0, grad_w_h, grad_w_x, grad_input);
+  own_after_loop(grad_gates, w_x, input, output, h0, grad_w_h, grad_w_x, grad_input);
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -187,13 +223,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
 """
 
 
-def make_candidates(size: dict, gemms, with_loop: bool) -> dict:
+def make_candidates(size: dict, dtype: torch.dtype, gemms, with_loop: bool) -> dict:
     """{name: {"train": step, "infer": step}}; a step runs one call and returns its ns."""
     T, B, I, S = size["steps"], size["batch"], size["input_features"], size["state_size"]
-    x = torch.randn(T, B, I, requires_grad=True)
-    lstm = torch.nn.LSTM(I, S)
-    layer = lltm_core.LLTMLayer(I, S, backend="cpu")
-    cell = lltm_core.LLTM(I, S, backend="cpu")
+    x = torch.randn(T, B, I, dtype=dtype, requires_grad=True)
+    lstm = torch.nn.LSTM(I, S).to(dtype)
+    layer = lltm_core.LLTMLayer(I, S, backend="cpu").to(dtype)
+    cell = lltm_core.LLTM(I, S, backend="cpu").to(dtype)
     with torch.no_grad():  # the cell is the layer's first (and only) layer: same results
         cell.weights.copy_(layer.weights_l0)
         cell.bias.copy_(layer.bias_l0)
@@ -216,7 +252,7 @@ def make_candidates(size: dict, gemms, with_loop: bool) -> dict:
         return step
 
     def run_loop():
-        h = c = torch.zeros(B, S)
+        h = c = torch.zeros(B, S, dtype=dtype)
         outputs = []
         for t in range(T):
             h, c = cell(x[t], (h, c))
@@ -225,7 +261,7 @@ def make_candidates(size: dict, gemms, with_loop: bool) -> dict:
 
     candidates = {
         "nn.LSTM": (lambda: lstm(x)[0], [x, *lstm.parameters()]),
-        "lltm cpu (LLTMLayer)": (lambda: layer(x)[0], [x, *layer.parameters()]),
+        LAYER: (lambda: layer(x)[0], [x, *layer.parameters()]),
     }
     if with_loop:
         candidates["lltm cpu per-step loop"] = (run_loop, [x, *cell.parameters()])
@@ -235,24 +271,29 @@ def make_candidates(size: dict, gemms, with_loop: bool) -> dict:
     # The operators alone, and the GEMMs alone, on the layer's weights.
     ops = torch.ops.lltm_cpu
     weights, bias = layer.weights_l0.detach(), layer.bias_l0.detach()
-    xd, h0 = x.detach(), torch.zeros(B, S)
-    grad_output = torch.ones(()).expand(T, B, S)  # as autograd hands over the gradient of output.sum()
+    xd, h0 = x.detach(), torch.zeros(B, S, dtype=dtype)
+    grad_output = torch.ones((), dtype=dtype).expand(T, B, S)  # as autograd hands over the gradient of output.sum()
 
-    def ops_forward():
-        return ops.sequence_forward(xd, weights, bias, h0, h0, None, False)
+    def ops_forward(needs_backward):
+        return ops.sequence_forward(xd, weights, bias, h0, h0, None, False, needs_backward)
 
     def ops_train():
         start = time.perf_counter_ns()
-        output, _, _, gates, tanh_cell = ops_forward()
+        output, _, _, gates, tanh_cell = ops_forward(True)
         ops.sequence_backward(grad_output, h0, h0, weights, xd, h0, output, None, gates, tanh_cell, False, True)
         return time.perf_counter_ns() - start
 
-    def ops_infer():
-        start = time.perf_counter_ns()
-        ops_forward()
-        return time.perf_counter_ns() - start
+    def ops_infer(needs_backward):
+        def step():
+            start = time.perf_counter_ns()
+            ops_forward(needs_backward)
+            return time.perf_counter_ns() - start
+        return step
 
-    out["lltm_cpu sequence ops"] = {"train": ops_train, "infer": ops_infer}
+    out["lltm_cpu sequence ops"] = {"train": ops_train, "infer": ops_infer(False)}
+    out[SAVING_FORWARD] = {"train": ops_train, "infer": ops_infer(True)}
+    if dtype != torch.float32:  # the C++ GEMM candidates below are float32's
+        return check_layer(out, size, dtype, x, layer, run_loop, cell)
 
     w_h, w_x = weights[:, :S].contiguous(), weights[:, S:].contiguous()
     gates_buffer = torch.empty(T, B, 3 * S)
@@ -277,8 +318,11 @@ def make_candidates(size: dict, gemms, with_loop: bool) -> dict:
 
     out[OWN_GEMMS] = gemm_steps(gemms.own_forward, gemms.own_backward)
     out[ATEN_GEMMS] = gemm_steps(gemms.aten_forward, gemms.aten_backward)
+    return check_layer(out, size, dtype, x, layer, run_loop, cell)
 
-    # The fused layer must compute what the cell looped computes, gradients included.
+
+def check_layer(out: dict, size: dict, dtype: torch.dtype, x, layer, run_loop, cell) -> dict:
+    """The fused layer must compute what the cell looped computes, gradients included."""
     results = []
     for run, params in ((lambda: layer(x)[0], list(layer.parameters())), (run_loop, list(cell.parameters()))):
         x.grad = None
@@ -289,8 +333,21 @@ def make_candidates(size: dict, gemms, with_loop: bool) -> dict:
         results.append([result.detach(), x.grad, *(p.grad for p in params)])
     for name, got, want in zip(("output", "grad input", "grad weights", "grad bias"), *results):
         error = max_rel_error(got, want)  # relative to the largest magnitude, as the conformance kit measures
-        if error > 1e-4:
-            raise AssertionError(f"{size_name(size)}: LLTMLayer's {name} differs from the looped cell's by {error:.1e}")
+        if error > (1e-4 if dtype == torch.float32 else 0.1):
+            raise AssertionError(f"{size_name(size)} {dtype}: LLTMLayer's {name} differs from the looped cell's by "
+                                 f"{error:.1e}")
+    if dtype != torch.float32:
+        # Over T steps each bfloat16 computation drifts from the exact one on its own (lltm-cpu keeps the
+        # cell state in float, the looped cell rounds it every step): the layer must be no further from the
+        # float64 result than the looped cell, or within the kit's tolerance.
+        T, B, S = x.shape[0], x.shape[1], size["state_size"]
+        zeros = torch.zeros(B, S, dtype=torch.float64)
+        exact = reference_sequence(x.detach().double(), layer.weights_l0.detach().double(),
+                                   layer.bias_l0.detach().double(), zeros, zeros)[0]
+        layer_error, loop_error = (max_rel_error(r[0], exact) for r in results)
+        if layer_error > max(loop_error, tolerance(dtype)):
+            raise AssertionError(f"{size_name(size)} {dtype}: LLTMLayer's output is {layer_error:.1e} from float64's, "
+                                 f"the looped cell's {loop_error:.1e}")
     return out
 
 
@@ -339,96 +396,97 @@ def verdict(ratios: list[float], target: float) -> str:
 NOTES = """\
 ## Notes
 
-### Written down before optimising
+### Written down before optimising (issue 18)
 
-From single-thread CPU time (`time.thread_time`: on this shared machine the CPU
-time of one thread is what other processes disturb least), of the first fused
-version, which ran every GEMM on MKL with the recurrent weights packed once per
-sequence (`cblas_sgemm_pack`), at T64 B16 I32 S128:
+This round's changes: each GEMM shape's route measured at its first call
+(`lltm_cpu.gemm_routes()` lists the choices, header above); the GEMMs over all
+steps on oneDNN's matmul where it measures faster than MKL; bfloat16's
+recurrent products and cell state in float, without a dispatcher call per
+step; contract v3's chunked inference forward, which saves nothing.  Figures
+from one thread's CPU time (`time.thread_time`, one torch thread: on this
+shared machine it is what other processes disturb least), this CPU:
 
-- fused forward 2.14 ms, backward 3.54 ms; nn.LSTM forward 2.32 ms, forward +
-  backward 7.19 ms: 0.92x forward, 0.79x training, so the training target
-  (0.80x) held by nothing.
-- Of that, the GEMMs alone took 1.80 / 3.33 ms and the pointwise passes about
-  0.34 / 0.21 ms.  The recurrent GEMM of one thread's block of 8 rows (M8 N384
-  K128) took 11.2 us with MKL packed and 11.4 us unpacked (35 GMAC/s: MKL runs
-  its AVX2 kernels on AMD CPUs), 12.9 us through at::addmm, and 6.9 us with
-  torch's `at::native::cpublas::brgemm` (oneDNN's AVX-512 micro-kernel,
-  57 GMAC/s).  nn.LSTM, which is oneDNN throughout, does about 49 GMAC/s over
-  its whole forward at T32 B64.
-- Expected from moving the recurrent GEMMs to brgemm: -0.55 ms forward and
-  -0.55 ms backward at T64 B16 (to about 1.6 and 3.0 ms: 0.69x nn.LSTM's
-  forward, 0.64x its training); at T32 B64 about -7 ms of 64 forward (0.87x) and
-  -6 ms of 114 backward (0.77x training).  The GEMMs over all steps (input
-  projection, d_W, d_input) stay on MKL: brgemm in blocks of rows measured
-  0-15% faster at T64 B16 and up to 1.6x slower for d_W at T32 B64, and d_W
-  would need a transposed copy of an operand.
-- With 2 threads: the time loop runs one block of batch rows per thread, with
-  no synchronisation between steps, so it should scale about 2x; MKL's GEMMs
-  over all steps measured 2.0-2.1x (d_W at T64 B16: 1.33 ms on one thread,
-  0.63 ms on two).  So the ratios on 2 threads should be those above.
-- The per-step loop of `lltm_core.LLTM` pays lltm_core, autograd and two
-  operator calls per step (about 170 us of a step's forward and backward at
-  B16), against about 45 us per step fused: about 0.25x.
-- Folding the bias into the input projection (a fill, then the GEMM adds to
-  it) costs about 10 us: no reason to leave the issue's design.
+- Why routes by measurement: one thread, M8 N384 K128 (a thread's recurrent
+  GEMM at T64 B16): brgemm 3.1 us, MKL packed 9.2 us, MKL 9.0 us, at::mm
+  9.7 us.  MKL runs its AVX2 kernels here (56 GMAC/s at 2048x1536x256 float32)
+  and oneDNN its AVX-512 ones (107 GMAC/s through `mkldnn_matmul`): the GEMMs
+  over all steps, which last round left on MKL, should take about half as
+  long on oneDNN.  bfloat16: at::mm (oneDNN, AVX512_BF16) 15 us at M8 N384
+  K128 (a dispatcher call and a primitive lookup per step) against 3.3 us for
+  the float micro-kernel on the widened rows; at M32 N1536 K512 at::mm wins,
+  139 us against 311 us (MKL's bfloat16 GEMM: 590 us, AVX2 again).  torch's
+  own bfloat16 brgemm needs a packed B, which torch packs only with AMX:
+  without it its bfloat16 brgemm is a plain loop (33 GMAC/s), so "brgemm"
+  for bfloat16 here means the float micro-kernel.
+- Where the time went before (last round's results, float32, 2 threads):
+  T64 B16 forward + backward 3292 us = GEMMs 2244 + operators' rest 429 +
+  lltm_core/autograd 620; T32 B64 forward + backward 82211 us = GEMMs 79177 +
+  1099 + 1936; at T32 B64 the GEMMs over all steps are about a third of the
+  GEMM time.
+- Predicted (LLTMLayer / nn.LSTM, 2 threads): float32 T64 B16 0.66 training,
+  0.75 inference; T32 B64 0.65 and 0.82 (the GEMMs over all steps about 2x
+  faster on oneDNN).  bfloat16 T64 B16 about 1.0 and 1.5 (its pointwise passes
+  convert every load and store; nn.LSTM's bfloat16 is oneDNN's fused cell),
+  T32 B64 about 0.6 and 1.0.  The chunked inference forward as fast as the
+  saving one (one thread's CPU time: within 1% for 1 to 8 chunks at T32 B64).
 
 ### Checked afterwards
 
-- Single-thread CPU time after the change (measured apart, as before):
-  forward 1.59 ms, backward 2.87 ms at T64 B16 (predicted 1.6 and 3.0); T32 B64
-  forward 56.7 ms (predicted 57).
-- On 2 threads, predicted against measured (the range over the runs):
+- Predicted against measured, LLTMLayer / nn.LSTM (the range over the runs):
 
 {predictions}
 
-  At T32 B64 training comes out lower than predicted because nn.LSTM gains
-  less from the second thread than lltm-cpu does: measured apart, 214 ms of
-  one thread's CPU time against about 118 ms on two (1.8x), and lltm-cpu
-  163 ms against about 81 ms (2.0x).
-
-- Where the time went (each candidate's median over the runs):
+- Where the time went (each candidate's median over the runs; float32 has the
+  GEMMs-alone rows):
 
 {breakdown}
 
 ### Not done, and why
 
+- A bfloat16 micro-kernel of lltm-cpu's own (AVX512_BF16 dot products into
+  float): torch's bfloat16 brgemm is AMX-only and MKL's bfloat16 GEMM runs
+  AVX2 here, so on this CPU the recurrent bfloat16 GEMMs run the float
+  micro-kernel on widened rows (small sizes) or at::mm (large).  Not written
+  in this round's time; it is where bfloat16's remaining gap at T64 B16 lies,
+  with the pointwise passes' conversions.
+- AMX: this CPU has none, so no AMX figure is claimed; where torch can pack
+  for its bfloat16 brgemm (AMX), that route is offered and timed like the
+  others.
 - Multi-layer: lltm_core composes the layers (one sequence call per layer and
-  direction) and that is left so.  Stacking inside the backend would save one
-  call's plumbing per layer (the difference between the LLTMLayer and
-  operator rows above); overlapping layers in a wavefront would need one
-  layer's input projection per step, which is what the one GEMM over all
-  steps avoids.  Not measured faster, so not done.
-- The pointwise passes are about a fifth of the forward at T64 B16 (four exp
-  and three divisions per element, accurate to a few ulp); cheaper
-  approximations would give up the accuracy lltm-cpu's step tests hold it to.
-- bfloat16 runs the recurrent GEMMs through at::mm (a dispatcher call per
-  step); no target covers it.
+  direction) and that is left so, as last round.
 """
 
 
-def predictions(runs: list, sizes: dict) -> str:
+def predictions(runs: list, dtypes: list, sizes: dict) -> str:
     lines = []
-    for (size, mode, baseline), predicted in PREDICTED.items():
-        ratios = [medians[size, mode]["lltm cpu (LLTMLayer)"] / medians[size, mode][baseline] for medians, _ in runs]
+    for (dtype, size, mode), predicted in PREDICTED.items():
+        if dtype not in dtypes:
+            continue
+        ratios = [medians[dtype, size, mode][LAYER] / medians[dtype, size, mode]["nn.LSTM"] for medians, _ in runs]
         what = "forward + backward" if mode == "train" else "forward"
-        lines.append(f"  - {size_name(sizes[size])}, {what} / {baseline}: predicted {predicted:.2f}x, "
+        lines.append(f"  - {dtype} {size_name(sizes[size])}, {what}: predicted {predicted:.2f}x, "
                      f"measured {min(ratios):.2f}-{max(ratios):.2f}x")
     return "\n".join(lines)
 
 
-def breakdown(runs: list, sizes: dict) -> str:
-    """Where the time went, per size and mode: each candidate's median over the runs of its medians."""
+def breakdown(runs: list, dtypes: list, sizes: dict) -> str:
+    """Where the time went, per dtype, size and mode: each candidate's median over the runs of its medians."""
     lines = []
-    for size, dims in sizes.items():
-        for mode, what in (("train", "forward + backward"), ("infer", "forward")):
-            t = {name: statistics.median(medians[size, mode][name] for medians, _ in runs)
-                 for name in runs[0][0][size, mode]}
-            layer, ops, gemms = t["lltm cpu (LLTMLayer)"], t["lltm_cpu sequence ops"], t[OWN_GEMMS]
-            lines.append(
-                f"  - {size_name(dims)}, {what}: LLTMLayer {layer:.0f} us = its GEMMs {gemms:.0f} us "
-                f"+ the rest of the operators (pointwise passes, copies, allocations) {ops - gemms:+.0f} us "
-                f"+ lltm_core, autograd and output.sum() {layer - ops:+.0f} us; nn.LSTM {t['nn.LSTM']:.0f} us.")
+    for dtype in dtypes:
+        for size, dims in sizes.items():
+            for mode, what in (("train", "forward + backward"), ("infer", "forward")):
+                t = {name: statistics.median(medians[dtype, size, mode][name] for medians, _ in runs)
+                     for name in runs[0][0][dtype, size, mode]}
+                layer, ops = t[LAYER], t["lltm_cpu sequence ops"]
+                if OWN_GEMMS in t:
+                    gemms = t[OWN_GEMMS]
+                    parts = (f"its GEMMs {gemms:.0f} us + the rest of the operators (pointwise passes, copies, "
+                             f"allocations) {ops - gemms:+.0f} us")
+                else:
+                    parts = f"the operators {ops:.0f} us"
+                lines.append(f"  - {dtype} {size_name(dims)}, {what}: LLTMLayer {layer:.0f} us = {parts} "
+                             f"+ lltm_core, autograd and output.sum() {layer - ops:+.0f} us; "
+                             f"nn.LSTM {t['nn.LSTM']:.0f} us.")
     return "\n".join(lines)
 
 
@@ -437,6 +495,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=5, help="repeat the whole measurement; the report gives the range")
     parser.add_argument("--rounds", type=int, default=20, help="interleaved rounds per size and mode (small size)")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--dtypes", default="float32,bfloat16", help="comma-separated: float32, bfloat16")
     parser.add_argument("--max-wait", type=float, default=120,
                         help="before each run, wait up to this many seconds for other processes to go quiet")
     parser.add_argument("--max-others", type=float, default=1.0,
@@ -445,74 +504,88 @@ def main() -> None:
     parser.add_argument("--retries", type=int, default=10)
     parser.add_argument("--output", help="write the Markdown report here as well as to stdout")
     args = parser.parse_args()
+    dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()]
     if args.runs < 1 or args.rounds < 1:
         parser.error("--runs and --rounds must be at least 1")
+    if not set(dtypes) <= {"float32", "bfloat16"} or not dtypes:
+        parser.error("--dtypes takes float32 and/or bfloat16")
     if not cpp_extension.is_ninja_available():
         sys.exit("bench_cpu_sequence.py compiles a small C++ extension and needs ninja: pip install ninja")
     torch.set_num_threads(args.threads)
     gemms = cpp_extension.load_inline("lltm_sequence_gemms", cpp_sources=[_CPP], extra_cflags=["-O2", "-fopenmp"],
                                       extra_ldflags=["-fopenmp"])
     lltm_core.get_backend("cpu")  # loads the torch.ops.lltm_cpu operators
-    route = torch.ops.lltm_cpu.sequence_gemm(torch.float32)
-    torch.manual_seed(0)
+    import lltm_cpu
 
+    torch.manual_seed(0)
     sizes = {"small": SMALL, "large": LARGE}
-    candidates = {"small": make_candidates(SMALL, gemms, with_loop=True),
-                  "large": make_candidates(LARGE, gemms, with_loop=False)}
+    candidates = {(dtype, size): make_candidates(dims, getattr(torch, dtype), gemms, with_loop=size == "small")
+                  for dtype in dtypes for size, dims in sizes.items()}
     # (rounds, calls per round, warm-up calls): the large size's calls take ~0.1 s each.
     schedule = {"small": (args.rounds, 3, 5), "large": (max(args.rounds // 4, 2), 1, 2)}
-    runs = []  # per run: {(size, mode): {name: us}}, others' CPU-seconds
+    runs = []  # per run: {(dtype, size, mode): {name: us}}, others' CPU-seconds
     discarded = []  # others' CPU-seconds of the runs taken again
     while len(runs) < args.runs:
         wait_until_quiet(args.max_wait)
         medians, others = {}, 0.0
-        for size in sizes:
-            for mode in ("train", "infer"):
-                rounds, calls, warmup = schedule[size]
-                medians[size, mode], busy = measure(candidates[size], mode, rounds, calls, warmup)
-                others += busy
+        for dtype in dtypes:
+            for size in sizes:
+                for mode in ("train", "infer"):
+                    rounds, calls, warmup = schedule[size]
+                    medians[dtype, size, mode], busy = measure(candidates[dtype, size], mode, rounds, calls, warmup)
+                    others += busy
         if others > args.max_others and len(discarded) < args.retries:
             discarded.append(others)
             continue
         runs.append((medians, others))
 
+    gemm = os.environ.get("LLTM_CPU_GEMM", "(unset)")
     lines = [
         "# lltm-cpu sequence kernels against torch.nn.LSTM",
         "",
+        f"CPU: {lltm_cpu.cpu_info()}; {torch.get_num_threads()} threads.",
+        "",
         f"Command: `python {' '.join(sys.argv)}`",
         "",
-        f"torch {torch.__version__}, {cpu_model()}, {torch.get_num_threads()} threads, "
-        f"ATen CPU capability {torch.backends.cpu.get_cpu_capability()}, Python {platform.python_version()}; "
-        f"lltm_cpu's float32 sequence GEMMs: {route} (LLTM_CPU_GEMM={os.environ.get('LLTM_CPU_GEMM', '(unset)')}).",
-        f"float32, one layer and direction, zero initial state, the input requiring grad. Medians of interleaved "
-        f"rounds; {args.runs} runs, the tables show the last and the targets every run.",
+        f"torch {torch.__version__}, Python {platform.python_version()}, LLTM_CPU_GEMM={gemm}. "
+        f"{', '.join(dtypes)}, nn.LSTM in the same dtype; one layer and direction, zero initial state, the input "
+        f"requiring grad. Medians of interleaved rounds; {args.runs} runs, the tables show the last and the "
+        f"targets every run.",
+        "",
+        "GEMM routes lltm_cpu chose in this process (`lltm_cpu.gemm_routes()`: the first call of each shape timed "
+        "every route):",
+        "",
+        *(f"- {line}" for line in lltm_cpu.gemm_routes()),
         "",
     ]
     last, _ = runs[-1]
-    for size, dims in sizes.items():
-        lines += [f"## {size_name(dims)}", "",
-                  "| candidate | train: forward + backward (us) | / nn.LSTM | inference: forward (us) | / nn.LSTM |",
-                  "|---|---:|---:|---:|---:|"]
-        train, infer = last[size, "train"], last[size, "infer"]
-        for name in train:
-            lines.append(f"| {name} | {train[name]:.0f} | {train[name] / train['nn.LSTM']:.2f} | "
-                         f"{infer[name]:.0f} | {infer[name] / infer['nn.LSTM']:.2f} |")
-        lines.append("")
+    for dtype in dtypes:
+        for size, dims in sizes.items():
+            lines += [f"## {dtype} {size_name(dims)}", "",
+                      "| candidate | train: forward + backward (us) | / nn.LSTM | inference: forward (us) | / nn.LSTM |",
+                      "|---|---:|---:|---:|---:|"]
+            train, infer = last[dtype, size, "train"], last[dtype, size, "infer"]
+            for name in train:
+                lines.append(f"| {name} | {train[name]:.0f} | {train[name] / train['nn.LSTM']:.2f} | "
+                             f"{infer[name]:.0f} | {infer[name] / infer['nn.LSTM']:.2f} |")
+            lines.append("")
     run_columns = " | ".join(f"run {n}" for n in range(1, args.runs + 1))
     lines += ["## Targets", "",
-              f"| size | ratio | {run_columns} | range | target | met |",
-              "|---|---|" + "---:|" * (args.runs + 2) + "---|"]
-    for size, mode, candidate, baseline, target in TARGETS:
-        ratios = [medians[size, mode][candidate] / medians[size, mode][baseline] for medians, _ in runs]
+              f"| dtype | size | ratio | {run_columns} | range | target | met |",
+              "|---|---|---|" + "---:|" * (args.runs + 2) + "---|"]
+    for dtype, size, mode, candidate, baseline, target in TARGETS:
+        if dtype not in dtypes:
+            continue
+        ratios = [medians[dtype, size, mode][candidate] / medians[dtype, size, mode][baseline] for medians, _ in runs]
         what = f"{candidate}, {'forward + backward' if mode == 'train' else 'forward (no_grad)'} / {baseline}"
-        lines.append(f"| {size_name(sizes[size])} | {what} | " + " | ".join(f"{r:.2f}" for r in ratios)
+        lines.append(f"| {dtype} | {size_name(sizes[size])} | {what} | " + " | ".join(f"{r:.2f}" for r in ratios)
                      + f" | {min(ratios):.2f}-{max(ratios):.2f} | <= {target:.2f} | {verdict(ratios, target)} |")
     lines += ["", "Other processes' CPU-seconds during each run: "
               + ", ".join(f"{others:.1f}" for _, others in runs) + ". "
               + (f"{len(discarded)} more runs were discarded and taken again because other processes used more than "
                  f"{args.max_others} CPU-seconds during them ({', '.join(f'{o:.1f}' for o in discarded)})."
                  if discarded else "No run was discarded."),
-              "", NOTES.format(predictions=predictions(runs, sizes), breakdown=breakdown(runs, sizes))]
+              "", NOTES.format(predictions=predictions(runs, dtypes, sizes), breakdown=breakdown(runs, dtypes, sizes))]
     report = "\n".join(lines) + "\n"
     print(report)
     if args.output:
