@@ -25,6 +25,8 @@ ISA_SOURCES = (
     {
         "csrc/cpu/pointwise_avx2.cpp": ["-mavx2", "-mfma", "-mf16c"],
         "csrc/cpu/pointwise_avx512.cpp": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mfma"],
+        # lltm-cpu's bfloat16 micro-kernel (blas.cpp calls it only where the CPU has AVX512_BF16).
+        "csrc/cpu/gemm_bf16_avx512.cpp": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512bf16"],
     }
     if platform.machine().lower() in ("x86_64", "amd64")
     else {}
@@ -37,5 +39,6 @@ _OPENMP = ["-fopenmp"] if torch.backends.openmp.is_available() else []
 
 # -Wno-unknown-pragmas: at::vec's headers carry "#pragma unroll", which GCC
 # does not know and would warn about a hundred times (ATen builds with it too).
-COMPILE_FLAGS = ["-O3", "-Wno-unknown-pragmas", *_OPENMP]
+# LLTM_CPU_AVX512_BF16: gemm_bf16_avx512.cpp is among the objects (x86-64).
+COMPILE_FLAGS = ["-O3", "-Wno-unknown-pragmas", *_OPENMP, *(["-DLLTM_CPU_AVX512_BF16"] if ISA_SOURCES else [])]
 LINK_FLAGS = [*_OPENMP]

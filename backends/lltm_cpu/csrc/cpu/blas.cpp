@@ -3,9 +3,12 @@
 // See blas.h for why.
 #include "blas.h"
 
+#include "gemm_bf16.h"
+
 #include <ATen/Context.h>
 #include <ATen/Parallel.h>
 #include <ATen/ThreadLocalState.h>
+#include <ATen/Version.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/native/CPUBlas.h>
 #include <ATen/ops/from_blob.h>
@@ -116,13 +119,14 @@ std::optional<Route> requested_route() {
   static const std::optional<Route> route = []() -> std::optional<Route> {
     const char* env = std::getenv("LLTM_CPU_GEMM");
     const std::string wanted = env == nullptr ? "" : env;
-    for (const Route candidate : {Route::kBrgemm, Route::kMklPacked, Route::kMkl, Route::kAten}) {
+    for (const Route candidate : {Route::kBrgemm, Route::kAvx512Bf16, Route::kMklPacked, Route::kMkl, Route::kAten}) {
       if (wanted == route_name(candidate)) {
         return candidate;
       }
     }
-    TORCH_CHECK(wanted.empty(), "lltm_cpu: LLTM_CPU_GEMM must be brgemm, mkl-packed, mkl or aten (or unset), got '",
-                wanted, "'");
+    TORCH_CHECK(wanted.empty(),
+                "lltm_cpu: LLTM_CPU_GEMM must be brgemm, avx512-bf16, mkl-packed, mkl or aten (or unset), got '", wanted,
+                "'");
     return std::nullopt;
   }();
   return route;
@@ -347,11 +351,28 @@ Route all_steps_route(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t 
 
 // ---- The recurrent GEMMs.
 
+// lltm-cpu's own bfloat16 kernel: where it was compiled (x86-64), the CPU has
+// AVX512_BF16, and ATen runs its AVX-512 kernels (ATEN_CPU_CAPABILITY=avx2
+// lowers both, to measure an AVX2 machine on this one).
+bool has_avx512_bf16() {
+#if defined(LLTM_CPU_AVX512_BF16)
+  static const bool has = __builtin_cpu_supports("avx512bf16") && at::get_cpu_capability() == "AVX512";
+  return has;
+#else
+  return false;
+#endif
+}
+
 template <typename scalar_t>
 std::vector<Route> recurrent_candidates() {
   std::vector<Route> routes;
   if constexpr (!std::is_same_v<scalar_t, double>) {
     routes.push_back(Route::kBrgemm);  // torch's, with its own fallback inside
+  }
+  if constexpr (std::is_same_v<scalar_t, c10::BFloat16>) {
+    if (has_avx512_bf16()) {
+      routes.push_back(Route::kAvx512Bf16);
+    }
   }
   if constexpr (std::is_same_v<scalar_t, float>) {
     if (mkl().has_packed()) {
@@ -379,6 +400,8 @@ const char* route_name(Route route) {
   switch (route) {
     case Route::kBrgemm:
       return "brgemm";
+    case Route::kAvx512Bf16:
+      return "avx512-bf16";
     case Route::kMklPacked:
       return "mkl-packed";
     case Route::kMkl:
@@ -477,7 +500,10 @@ RightOperand<scalar_t>::RightOperand(Route route, bool trans_b, int64_t max_m, i
                    static_cast<int>(k), 1.0f, b, static_cast<int>(ldb), static_cast<float*>(buffer_));
     }
   } else if constexpr (std::is_same_v<scalar_t, c10::BFloat16>) {
-    if (route_ == Route::kBrgemm && native_bf16_brgemm()) {
+    if (route_ == Route::kAvx512Bf16) {
+      buffer_ = c10::alloc_cpu(gemm_bf16::packed_elements(n, k) * sizeof(uint16_t));
+      gemm_bf16::pack(trans_b, n, k, reinterpret_cast<const uint16_t*>(b), ldb, static_cast<uint16_t*>(buffer_));
+    } else if (route_ == Route::kBrgemm && native_bf16_brgemm()) {
       // torch's packed (VNNI) layout of the k x n rows.
       std::vector<c10::BFloat16> rows(n * k);
       transposed_copy(rows.data());
@@ -531,6 +557,11 @@ void RightOperand<scalar_t>::multiply(int64_t m, const scalar_t* a, int64_t lda,
     }
   }
   if constexpr (std::is_same_v<scalar_t, c10::BFloat16>) {
+    if (route_ == Route::kAvx512Bf16) {
+      gemm_bf16::multiply(m, n_, k_, reinterpret_cast<const uint16_t*>(a), lda, static_cast<const uint16_t*>(buffer_),
+                          accumulate, c, ldc);
+      return;
+    }
     if (route_ == Route::kBrgemm && scratch_ == nullptr) {
       for (int64_t row = 0; row < m; row += kRowsPerCall) {
         at::native::cpublas::brgemm(std::min(kRowsPerCall, m - row), n_, k_, lda, n_, ldc, accumulate, a + row * lda,

@@ -23,10 +23,11 @@
 // time each other's GEMMs nor tune one key twice; every later call reads the
 // cached choice.  gemm_routes() lists the choices made so far.
 //
-// LLTM_CPU_GEMM=brgemm|mkl-packed|mkl|aten forces the recurrent GEMMs' route
-// (read once, at first use) for every dtype that has it (float64 has neither
-// brgemm nor a packed GEMM, and takes MKL); "aten" also sends the GEMMs over
-// all steps to ATen.
+// LLTM_CPU_GEMM=brgemm|avx512-bf16|mkl-packed|mkl|aten forces the recurrent
+// GEMMs' route (read once, at first use) for every dtype that has it; a dtype
+// without it takes MKL's GEMM (float64 has no brgemm or packed GEMM; only
+// bfloat16 has avx512-bf16, lltm-cpu's own kernel, gemm_bf16_avx512.cpp);
+// "aten" also sends the GEMMs over all steps to ATen.
 #pragma once
 
 #include <ATen/OpMathType.h>
@@ -39,7 +40,7 @@
 namespace lltm_cpu {
 namespace blas {
 
-enum class Route { kBrgemm, kMklPacked, kMkl, kOnednn, kAten };
+enum class Route { kBrgemm, kAvx512Bf16, kMklPacked, kMkl, kOnednn, kAten };
 
 const char* route_name(Route route);
 
