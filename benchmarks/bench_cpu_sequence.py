@@ -351,20 +351,38 @@ def check_layer(out: dict, size: dict, dtype: torch.dtype, x, layer, run_loop, c
     return out
 
 
-def measure(candidates: dict, mode: str, rounds: int, calls_per_round: int, warmup: int) -> tuple[dict, float]:
-    """{name: median us} of `mode`'s calls, interleaved; and the CPU-seconds others used meanwhile."""
+class Medians(dict):
+    """{name: median us over all of a run's calls}, and in .rounds per round {name: that round's median us}."""
+
+    rounds: list
+
+
+def round_ratio(medians: Medians, candidate: str, baseline: str) -> float:
+    """The median over a run's rounds of candidate / baseline within each round (the two ran side by side)."""
+    return statistics.median(r[candidate] / r[baseline] for r in medians.rounds)
+
+
+def measure(candidates: dict, mode: str, rounds: int, calls_per_round: int, warmup: int) -> tuple[Medians, float]:
+    """The medians of `mode`'s calls, interleaved; and the CPU-seconds others used meanwhile."""
     times = {name: [] for name in candidates}
     for steps in candidates.values():
         for _ in range(warmup):
             steps[mode]()
     busy_before, own_before = busy_cpu_seconds(), own_cpu_seconds()
+    per_round = []
     for _ in range(rounds):
+        this_round = {}
         for name, steps in candidates.items():
-            times[name].extend(steps[mode]() for _ in range(calls_per_round))
+            ns = [steps[mode]() for _ in range(calls_per_round)]
+            times[name].extend(ns)
+            this_round[name] = statistics.median(ns) / 1e3
+        per_round.append(this_round)
     others = 0.0
     if busy_before is not None:
         others = max((busy_cpu_seconds() - busy_before) - (own_cpu_seconds() - own_before), 0.0)
-    return {name: statistics.median(ns) / 1e3 for name, ns in times.items()}, others
+    medians = Medians({name: statistics.median(ns) / 1e3 for name, ns in times.items()})
+    medians.rounds = per_round
+    return medians, others
 
 
 def wait_until_quiet(max_wait: float, window: float = 2.0, threshold: float = 0.05) -> float:
@@ -429,32 +447,49 @@ shared machine it is what other processes disturb least), this CPU:
   convert every load and store; nn.LSTM's bfloat16 is oneDNN's fused cell),
   T32 B64 about 0.6 and 1.0.  The chunked inference forward as fast as the
   saving one (one thread's CPU time: within 1% for 1 to 8 chunks at T32 B64).
+- Then lltm-cpu's own bfloat16 micro-kernel (gemm_bf16_avx512.cpp: vdpbf16ps
+  into float, W_h packed once per sequence), as the route "avx512-bf16":
+  expected about twice the float micro-kernel's rate, since each instruction
+  does two products per lane.  Measured on one thread: 1.5 us at M8 N384 K128
+  (float brgemm on widened rows 3.2 us, at::mm 14 us) and 95-103 us at M32
+  N1536 K512 (at::mm 141 us).  With it, and whole-vector bfloat16 stores in
+  the pointwise passes, the bfloat16 inference forward at T64 B16 (one thread)
+  went from 0.94 ms to 0.60 ms against nn.LSTM's 0.55-0.59 ms (predicted 0.6).
 
 ### Checked afterwards
 
-- Predicted against measured, LLTMLayer / nn.LSTM (the range over the runs):
+- Predicted against measured, LLTMLayer / nn.LSTM (the range over {which}):
 
 {predictions}
 
-- Where the time went (each candidate's median over the runs; float32 has the
+- Where the time went (each candidate's median over {which}; float32 has the
   GEMMs-alone rows):
 
 {breakdown}
 
 ### Not done, and why
 
-- A bfloat16 micro-kernel of lltm-cpu's own (AVX512_BF16 dot products into
-  float): torch's bfloat16 brgemm is AMX-only and MKL's bfloat16 GEMM runs
-  AVX2 here, so on this CPU the recurrent bfloat16 GEMMs run the float
-  micro-kernel on widened rows (small sizes) or at::mm (large).  Not written
-  in this round's time; it is where bfloat16's remaining gap at T64 B16 lies,
-  with the pointwise passes' conversions.
-- AMX: this CPU has none, so no AMX figure is claimed; where torch can pack
-  for its bfloat16 brgemm (AMX), that route is offered and timed like the
-  others.
+- float32 T32 B64 inference: the GEMMs alone take as long as nn.LSTM on two
+  threads (one thread: 0.85x), because the two threads' per-step brgemm
+  calls, each on its own 3 MB copy of W_h^T, scale about 1.25x, not 2x.
+  Sharing one copy between the threads, or splitting the columns rather than
+  the rows between them, would be next; not measured in this round's time.
+- AMX and an AVX2-only CPU: this CPU has AVX-512 and AVX512_BF16 and no AMX,
+  so no AMX figure is claimed.  Where torch can pack for its bfloat16 brgemm
+  (AMX), that route is offered and timed like the others;
+  `ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2` would show the AVX2
+  picture here (the avx512-bf16 route then drops out), not measured.
 - Multi-layer: lltm_core composes the layers (one sequence call per layer and
   direction) and that is left so, as last round.
 """
+
+
+def quiet(runs: list, max_others: float) -> tuple[list, str]:
+    """The runs other processes left alone (at most max_others CPU-seconds), if any, and what they are."""
+    calm = [run for run in runs if run[1] <= max_others]
+    if not calm:
+        return runs, "all the runs (none was quiet)"
+    return calm, f"the quiet runs ({len(calm)} of {len(runs)}, others under {max_others} CPU-seconds)"
 
 
 def predictions(runs: list, dtypes: list, sizes: dict) -> str:
@@ -462,7 +497,7 @@ def predictions(runs: list, dtypes: list, sizes: dict) -> str:
     for (dtype, size, mode), predicted in PREDICTED.items():
         if dtype not in dtypes:
             continue
-        ratios = [medians[dtype, size, mode][LAYER] / medians[dtype, size, mode]["nn.LSTM"] for medians, _ in runs]
+        ratios = [round_ratio(medians[dtype, size, mode], LAYER, "nn.LSTM") for medians, _ in runs]
         what = "forward + backward" if mode == "train" else "forward"
         lines.append(f"  - {dtype} {size_name(sizes[size])}, {what}: predicted {predicted:.2f}x, "
                      f"measured {min(ratios):.2f}-{max(ratios):.2f}x")
@@ -549,8 +584,8 @@ def main() -> None:
         "",
         f"torch {torch.__version__}, Python {platform.python_version()}, LLTM_CPU_GEMM={gemm}. "
         f"{', '.join(dtypes)}, nn.LSTM in the same dtype; one layer and direction, zero initial state, the input "
-        f"requiring grad. Medians of interleaved rounds; {args.runs} runs, the tables show the last and the "
-        f"targets every run.",
+        f"requiring grad. Interleaved rounds; the tables show the last run's medians over all its calls, the "
+        f"targets each run's median of per-round ratios (candidate / baseline in the same round); {args.runs} runs.",
         "",
         "GEMM routes lltm_cpu chose in this process (`lltm_cpu.gemm_routes()`: the first call of each shape timed "
         "every route):",
@@ -576,7 +611,7 @@ def main() -> None:
     for dtype, size, mode, candidate, baseline, target in TARGETS:
         if dtype not in dtypes:
             continue
-        ratios = [medians[dtype, size, mode][candidate] / medians[dtype, size, mode][baseline] for medians, _ in runs]
+        ratios = [round_ratio(medians[dtype, size, mode], candidate, baseline) for medians, _ in runs]
         what = f"{candidate}, {'forward + backward' if mode == 'train' else 'forward (no_grad)'} / {baseline}"
         lines.append(f"| {dtype} | {size_name(sizes[size])} | {what} | " + " | ".join(f"{r:.2f}" for r in ratios)
                      + f" | {min(ratios):.2f}-{max(ratios):.2f} | <= {target:.2f} | {verdict(ratios, target)} |")
@@ -585,7 +620,10 @@ def main() -> None:
               + (f"{len(discarded)} more runs were discarded and taken again because other processes used more than "
                  f"{args.max_others} CPU-seconds during them ({', '.join(f'{o:.1f}' for o in discarded)})."
                  if discarded else "No run was discarded."),
-              "", NOTES.format(predictions=predictions(runs, dtypes, sizes), breakdown=breakdown(runs, dtypes, sizes))]
+              ""]
+    calm, which = quiet(runs, args.max_others)
+    lines += [NOTES.format(predictions=predictions(calm, dtypes, sizes), breakdown=breakdown(calm, dtypes, sizes),
+                           which=which)]
     report = "\n".join(lines) + "\n"
     print(report)
     if args.output:

@@ -24,9 +24,14 @@
 // blas::RightOperand).  The GEMMs over all steps run before and after the
 // loop, on all threads.  Small problems run on one thread.
 //
+// Each GEMM's route (brgemm, lltm-cpu's bfloat16 kernel, MKL, oneDNN or
+// ATen) is the fastest measured for its shape at the first call: see blas.h.
+// bfloat16: the recurrent products, the cell state and the carried gradients
+// of h and c stay float; what is returned or saved is bfloat16.
+//
 // Nothing is allocated inside the loop and no ATen operator is called there,
-// except GEMMs on the ATen route (bfloat16, or where torch has no MKL: see
-// blas.h).
+// except GEMMs on the ATen route (where it measured fastest, or where torch
+// has no MKL: see blas.h).
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 #include <ATen/ThreadLocalState.h>
