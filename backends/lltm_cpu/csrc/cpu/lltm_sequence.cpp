@@ -118,11 +118,14 @@ void run_blocks(const RowBlocks& blocks, const Body& body) {
 
 // Inference (needs_backward false) keeps no gates for backward: the input is
 // projected a chunk of steps at a time into one reused buffer of about this
-// many elements (8 MiB of float32), so the forward's memory is its output
-// plus this.  The chunk size hardly matters for speed: at T32 B64 I256 S512
-// (2048 rows in all) one thread's CPU time was the same, within 1%, for one
-// chunk and for 2, 4 and 8 chunks (AMD EPYC Zen 5).
-constexpr int64_t kInferenceChunkElements = int64_t{1} << 21;
+// many elements (16 MiB of float32), so the forward's memory is its output
+// plus this.  On one thread the chunk size hardly matters (T32 B64 I256 S512:
+// the same CPU time within 1% for 1 to 8 chunks), but on two each chunk
+// boundary makes the threads wait for each other and for the next chunk's
+// projection: 2^21 elements (two chunks there) measured 2-24% slower than
+// the forward that saves for backward; 2^22 runs that size in one chunk
+// (AMD EPYC Zen 5, benchmarks/results/cpu_sequence.md).
+constexpr int64_t kInferenceChunkElements = int64_t{1} << 22;
 
 // Steps per chunk: as many as fit kInferenceChunkElements (at least one),
 // evened out so that the last chunk is not a sliver.
