@@ -91,17 +91,19 @@ def find_cuda_home(explicit: tuple[str, str] | None, torch_guess: str | None, nv
 
     ``explicit`` is ("CUDA_HOME", value) when the user set one: used as it is (a wrong one is
     reported, never overridden).  ``torch_guess`` is torch's CUDA_HOME, ``nvcc_on_path`` what
-    ``shutil.which("nvcc")`` gives.  When torch's guess is no toolkit root the candidates are the
-    nvcc the one on PATH stands for, then ``conventional`` (globs allowed, newest release first);
-    of the toolkit roots among them the first whose nvcc ``release(root)`` has torch's CUDA major
-    version wins, else the first.  If there is none, torch's guess stays (the build then stops
-    with its problem) and the reason names every place looked at.
+    ``shutil.which("nvcc")`` gives.  The candidates are torch's guess, the nvcc the one on PATH
+    stands for, then ``conventional`` (globs allowed, newest release first); of the toolkit roots
+    among them the first whose nvcc ``release(root)`` has torch's CUDA major version wins, else
+    the first (toolchain_problems then reports the mismatch).  So torch's guess is kept when it
+    is a toolkit of the right major, and passed over, saying so, for one that is.  If there is
+    no toolkit at all, torch's guess stays (the build then stops with its problem) and the
+    reason names every place looked at.
     """
     if explicit is not None:
         return explicit[1], f"{explicit[0]} is set"
-    if is_toolkit_root(torch_guess):
-        return torch_guess, "torch's guess" + (f" from the nvcc on PATH, {nvcc_on_path}" if nvcc_on_path else "")
     candidates = []  # (root, how it was found), in order of preference
+    if torch_guess:
+        candidates.append((torch_guess, "torch's guess" + (f" from the nvcc on PATH, {nvcc_on_path}" if nvcc_on_path else "")))
     if nvcc_on_path:
         candidates += [(os.path.dirname(os.path.dirname(path)), how) for path, how in nvccs_behind(nvcc_on_path)]
     empty_patterns = []
@@ -118,14 +120,25 @@ def find_cuda_home(explicit: tuple[str, str] | None, torch_guess: str | None, nv
             toolkits[root] = how
         else:
             looked.append(root)
-    guessed = f"torch guessed {torch_guess}, which is no toolkit root" if torch_guess else "torch found no toolkit"
     if not toolkits:
+        guessed = f"torch guessed {torch_guess}, which is no toolkit root" if torch_guess else "torch found no toolkit"
         return torch_guess, f"{guessed}, and none is in {', '.join(looked + empty_patterns)}"
     roots = list(toolkits)
+    passed_over = ""
     if torch_cuda and release is not None:
         major = torch_cuda.split(".")[0]
-        roots = [r for r in roots if (release(r) or "").split(".")[0] == major] or roots
-    return roots[0], f"{toolkits[roots[0]]}; {guessed}"
+        releases = {r: release(r) for r in roots}
+        matching = [r for r in roots if (releases[r] or "").split(".")[0] == major]
+        if matching and matching[0] != roots[0]:
+            passed_over = "; ".join(f"{r} has nvcc {releases[r] or '(none that runs)'}" for r in roots[:roots.index(matching[0])])
+            passed_over = f"; passed over for torch's CUDA {torch_cuda}: {passed_over}"
+        roots = matching or roots
+    chosen = roots[0]
+    if torch_guess == chosen:
+        return chosen, toolkits[chosen] + passed_over
+    guessed = (f"torch guessed {torch_guess}" + (", which is no toolkit root" if torch_guess not in toolkits else "")
+               if torch_guess else "torch found no toolkit")
+    return chosen, f"{toolkits[chosen]}; {guessed}{passed_over}"
 
 
 def toolchain_problems(torch_version: str, torch_cuda: str | None, cuda_home: str | None, nvcc: str | None) -> list[str]:
