@@ -225,8 +225,8 @@ def build_ext_writing(info: str, base):
     return BuildExtensionWithInfo
 
 
-def setup_kwargs(torch_version: str, cpp_extension) -> dict:
-    """What both builds' setup() calls share."""
+def setup_kwargs(torch_version: str, cpp_extension, build_base: str = "build") -> dict:
+    """What both builds' setup() calls share; ``build_base`` is where the build writes."""
     # BuildExtension compiles against the limited API of torch's oldest
     # supported Python (0x030A0000 -> 3.10); the wheel's abi3 tag must say so.
     limited_api = int(cpp_extension.min_supported_cpython, 16)
@@ -236,7 +236,8 @@ def setup_kwargs(torch_version: str, cpp_extension) -> dict:
         "python_requires": f">={oldest_python}",
         # The compiled library links against this exact torch's C++ ABI.
         "install_requires": [f"lltm-core=={VERSION}", f"torch=={torch_version.split('+')[0]}"],
-        "options": {"bdist_wheel": {"py_limited_api": "cp" + oldest_python.replace(".", "")}},
+        "options": {"bdist_wheel": {"py_limited_api": "cp" + oldest_python.replace(".", "")},
+                    "build": {"build_base": build_base}},
     }
 
 
@@ -269,7 +270,9 @@ def main_emulated() -> None:
         ],
         cmdclass={"build_ext": build_ext_writing(info, BuildExtension)},
         entry_points={"lltm.backends": ["cuda_emulated = lltm_cuda_emulated:load_backend"]},
-        **setup_kwargs(torch.__version__, cpp_extension),
+        # pip builds in this folder: a build/ of its own, or each build's wheel would also take in
+        # what the other left in build/lib (the real lltm_cuda in the emulated wheel, and back).
+        **setup_kwargs(torch.__version__, cpp_extension, build_base="build/emulated"),
     )
 
 

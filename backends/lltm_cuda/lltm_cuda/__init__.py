@@ -100,6 +100,10 @@ def unavailable_reason() -> str | None:
 
     # Before loading the library: one built for another torch may crash the process.
     mismatch = torch_mismatch(_build_info.TORCH_VERSION, DISTRIBUTION)
+    if mismatch is not None and EMULATED:
+        return (f"built for torch {_build_info.TORCH_VERSION}, running {torch.__version__}: rebuild the emulated "
+                f"build against this torch (from an lltm source tree: LLTM_CUDA_EMULATE=1 pip install "
+                f"--no-build-isolation --no-deps --force-reinstall ./backends/lltm_cuda)")
     if mismatch is not None:
         return mismatch
     if EMULATED:
