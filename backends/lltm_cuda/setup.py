@@ -248,6 +248,10 @@ def main_emulated() -> None:
     from torch.utils import cpp_extension
     from torch.utils.cpp_extension import BuildExtension, CppExtension
 
+    if any(command in sys.argv for command in ("develop", "editable_wheel")):
+        # An editable install would write its _build_info.py into lltm_cuda/, this package's folder.
+        raise SystemExit("lltm-cuda's emulated build is for tests: install it without -e (pip install "
+                         "--no-build-isolation ./backends/lltm_cuda with LLTM_CUDA_EMULATE=1)")
     info = build_info(torch.__version__, "emulated", emulated=True)
     print("lltm-cuda: building the EMULATED library (the CUDA sources compiled for the CPU, test-only)",
           file=sys.stderr, flush=True)
