@@ -144,7 +144,7 @@ def load_backend():
     else:
         forward = backward = sequence_forward = sequence_backward = unavailable_kernel("cuda", reason)
     if EMULATED:
-        name, devices, priority = "cuda_emulated", {"cpu"}, -1  # test-only: chosen only when named
+        name, devices, priority = "cuda_emulated", {"cpu"}, -1  # test-only: under lltm-ref (0), it runs when named
         description = (f"lltm-cuda's kernels compiled for the CPU, every launch run serially (test-only; "
                        f"built for torch {_build_info.TORCH_VERSION})")
     else:
