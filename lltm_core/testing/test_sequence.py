@@ -29,6 +29,8 @@ from lltm_core._sequence import run_forward
 LAYER_CASES = [
     ("T1", 1, 3, 4, 5, 1, False, "time", None),
     ("odd-sizes", 7, 5, 3, 13, 1, False, "time", None),
+    # S a multiple of 8: a fused backend's vectorised pointwise path, in every dtype (odd S takes the scalar one).
+    ("S16-vector", 4, 3, 2, 16, 1, True, "time", None),
     ("S1031", 3, 2, 5, 1031, 1, False, "time", None),
     ("L2-bidirectional-batch-first", 5, 3, 4, 6, 2, True, "batch", None),
     ("packed-unsorted", 6, 4, 3, 7, 2, True, "packed", [4, 6, 1, 3]),
