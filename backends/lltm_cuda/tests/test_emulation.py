@@ -8,10 +8,8 @@ set (csrc/cuda/lltm_runtime.cuh); the tests hold for any settings.
 from __future__ import annotations
 
 import os
-import runpy
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -25,6 +23,7 @@ except ModuleNotFoundError as exc:
     pytest.skip("needs the emulated build of lltm-cuda (nox -s cuda_emulated)", allow_module_level=True)
 import lltm_core  # noqa: E402
 from lltm_core.testing import make_inputs, make_sequence_inputs, max_rel_error, tolerance  # noqa: E402
+from lltm_core.testing.memory import can_measure, check_inference_memory  # noqa: E402
 
 assert lltm_cuda_emulated.unavailable_reason() is None, lltm_cuda_emulated.unavailable_reason()
 emulation = torch.ops.lltm_cuda_emulation
@@ -141,14 +140,10 @@ def test_a_bad_setting_is_an_error_that_names_it(tmp_path):
 
 
 
-@pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="needs Linux's /proc/self/clear_refs")
+@pytest.mark.skipif(not can_measure(), reason="needs Linux's /proc/self/clear_refs")
 def test_inference_memory_is_the_output_and_a_bounded_workspace():
     """Contract v3: under no_grad one LLTMLayer forward at T512 B64 I64 S512 raises the peak resident
     memory by at most 1.25x (input + output), measured exactly as lltm-core's own test measures ref
-    and cpu (tests/test_inference_memory.py), here on lltm-cuda's host code: the gates a chunk of
+    and cpu (lltm_core.testing.memory), here on lltm-cuda's host code: the gates a chunk of
     steps at a time, no tanh(c_t)."""
-    memory = runpy.run_path(str(Path(__file__).resolve().parents[3] / "tests" / "test_inference_memory.py"))
-    got = memory["_measure"]("cuda_emulated", "no_grad")
-    limit = memory["BOUND"] * (got["input"] + got["output"])
-    assert got["raise"] <= limit, f"the forward raised peak memory by {got['raise'] / 2**20:.1f} MiB, over " \
-                                  f"{limit / 2**20:.1f} MiB: {got}"
+    check_inference_memory("cuda_emulated")
