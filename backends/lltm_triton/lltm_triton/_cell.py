@@ -161,14 +161,6 @@ def _backward_kernel(grad_h_ptr, grad_c_ptr, w_ptr, X_ptr, gates_ptr, tanh_c_ptr
                  mask=(rows < B)[:, None] & (n_cols < K)[None, :])
 
 
-def saved_layout(batch: int, input_features: int, state_size: int) -> dict:
-    return {
-        "X": (batch, state_size + input_features),  # cat([old_h, input]), written by the forward kernel
-        "gates": (batch, 3 * state_size),  # activated [sigmoid(i) | sigmoid(o) | elu(z)]
-        "tanh_cell": (batch, state_size),  # tanh(new_cell)
-    }
-
-
 def forward(input, weights, bias, old_h, old_cell):
     B, I = input.shape
     S = old_h.shape[1]

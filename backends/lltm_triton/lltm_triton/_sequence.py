@@ -17,10 +17,10 @@ Two variants of each kernel, the same math:
   step, the state is tiled too, and h (or d_h) goes through a small float32 workspace between steps,
   double-buffered, with a barrier after each step: other threads of the program read what one wrote.
 
-``resident(S, dtype)`` chooses; should_run (``_policy.py``) declines the shapes where streaming is
-not expected to beat lltm-cuda.  Saved for the backward, as lltm-ref does: the activated gates
-(T, B, 3S) (written over the projection buffer, which is this call's own) and tanh(c_t) (T, B, S);
-with the input and output lltm-core holds, (5S + I)·T·B elements.
+``_policy.resident(S, dtype)`` chooses (W_h up to 192 KB; the arithmetic is there), and should_run
+declines the shapes where streaming is not expected to beat lltm-cuda.  Saved for the backward, as
+lltm-ref does (``_layout.py``): the activated gates (T, B, 3S), written over the projection buffer,
+which is this call's own, and tanh(c_t) (T, B, S).
 """
 
 from __future__ import annotations
@@ -33,25 +33,7 @@ import triton.language as tl
 
 from . import _pointwise as pw
 from ._config import accumulator, block, dot_dtype, dot_precision
-
-#: Largest W_h, in bytes of its padded tiles 3 · S_PAD² · element size, that the resident kernels
-#: keep on chip.  _policy.py explains the figure (one H100/H200 SM: 228 KB shared memory, 256 KB
-#: registers); under the interpreter it only decides which variant is tested.
-RESIDENT_BYTES = 192 * 1024
-
-
-def state_pad(S: int) -> int:
-    return max(16, triton.next_power_of_2(max(S, 1)))
-
-
-def w_h_bytes(S: int, dtype: torch.dtype) -> int:
-    """Bytes of W_h as the resident kernels hold it: three (S_PAD, S_PAD) tiles."""
-    return 3 * state_pad(S) ** 2 * torch.empty(0, dtype=dtype).element_size()
-
-
-def resident(S: int, dtype: torch.dtype) -> bool:
-    return w_h_bytes(S, dtype) <= RESIDENT_BYTES
-
+from ._policy import BLOCK_B, resident, state_pad, w_h_bytes
 
 # --- forward ------------------------------------------------------------------
 
@@ -335,20 +317,13 @@ def _backward_streaming(grad_out_ptr, grad_h_n_ptr, grad_c_n_ptr, w_ptr, gates_p
 
 # --- wrappers -----------------------------------------------------------------
 
-BLOCK_B = 16  # batch rows per program: tl.dot's smallest M; more rows would mean fewer programs
-
-
-def sequence_saved_layout(steps: int, batch: int, input_features: int, state_size: int) -> dict:
-    return {
-        "gates": (steps, batch, 3 * state_size),  # per step, activated [sigmoid(i) | sigmoid(o) | elu(z)]
-        "tanh_cell": (steps, batch, state_size),  # per step tanh(c_t)
-    }
-
-
 def _meta(dtype: torch.dtype, S: int) -> dict:
     meta = dict(ACC=accumulator(dtype), DOT=dot_dtype(dtype), PRECISION=dot_precision(dtype), BLOCK_B=BLOCK_B)
     if resident(S, dtype):
-        meta.update(S_PAD=state_pad(S), num_warps=4 if S <= 64 else 8)
+        # Enough warps that W_h takes at most 64 registers (256 bytes) a thread: 4 for 24 KB, 16 for 96 KB
+        # or more (S128).  A default for the H200 measurement to revise.
+        warps = min(16, max(4, triton.next_power_of_2(-(-w_h_bytes(S, dtype) // (32 * 256)))))
+        meta.update(S_PAD=state_pad(S), num_warps=warps)
     else:
         meta.update(BLOCK_S=block(S, 64), BLOCK_K=block(S, 64), num_warps=4)
     return meta
