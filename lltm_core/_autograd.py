@@ -30,8 +30,11 @@ from .backend import Backend
 
 # `named`: the backend the caller named with backend=, or None when lltm chose
 # it, in which case the operator checks that lltm would still choose it.
+# `needs_backward`: whether the traced call needed a gradient; the backend's
+# choice may depend on it (Backend.can_run/should_run), so the check uses it.
 _FORWARD_SCHEMA = (
-    "(Tensor input, Tensor weights, Tensor bias, Tensor old_h, Tensor old_cell, str? named=None) -> Tensor[]"
+    "(Tensor input, Tensor weights, Tensor bias, Tensor old_h, Tensor old_cell, str? named=None, "
+    "bool needs_backward=True) -> Tensor[]"
 )
 _BACKWARD_SCHEMA = (
     "(Tensor grad_new_h, Tensor grad_new_cell, Tensor weights, Tensor[] saved, bool needs_grad_X) -> Tensor[]"
@@ -127,28 +130,25 @@ _FUNCTORCH = (
 )
 
 
-def needs_autograd(*tensors) -> bool:
-    """Whether a call on ``tensors`` must go through its autograd.Function (else: the kernels alone).
+def needs_autograd(input, weights, bias, h, c) -> bool:
+    """Whether a call on these tensors must go through its autograd.Function (else: the kernels alone).
 
     Raises lltm's own error under a torch.func transform that would differentiate it.
     """
-    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors) \
-            or _forward_ad._current_level >= 0:  # inside forward_ad.dual_level(): the Function's jvp says no
+    # Written out, not any() over a generator: this is on the per-step hot path,
+    # where a generator over five tensors costs a measurable share of the call.
+    if torch.is_grad_enabled() and (
+        input.requires_grad or weights.requires_grad or bias.requires_grad or h.requires_grad or c.requires_grad
+    ) or _forward_ad._current_level >= 0:  # inside forward_ad.dual_level(): the Function's jvp says no
         if _functorch_active():
             raise RuntimeError(_FUNCTORCH)
         return True
     return False
 
 
-def apply_eager(backend: Backend, input, weights, bias, old_h, old_cell):
-    if torch.is_grad_enabled() and (
-        input.requires_grad or weights.requires_grad or bias.requires_grad
-        or old_h.requires_grad or old_cell.requires_grad
-    ) or _forward_ad._current_level >= 0:  # inside forward_ad.dual_level(): the Function's jvp says no
-        # Written out, not needs_autograd(): this is the per-step hot path, where a
-        # generator over five tensors costs a measurable share of the call.
-        if _functorch_active():
-            raise RuntimeError(_FUNCTORCH)
+def apply_eager(backend: Backend, needs: bool, input, weights, bias, old_h, old_cell):
+    """The step on ``backend``: through its autograd.Function when ``needs`` (see needs_autograd)."""
+    if needs:
         return _apply_without_functorch(backend, input, weights, bias, old_h, old_cell)
     # Nothing to differentiate: skip the Function (and the saved tensors' lifetime).
     out = backend.forward(input, weights, bias, old_h, old_cell)
@@ -195,9 +195,9 @@ def ops_for(backend: Backend):
     return registered_ops("cell", backend, (backend.forward, backend.backward, backend.saved_layout), _register)
 
 
-def check_traced_choice(traced: str, input: torch.Tensor) -> None:
+def check_traced_choice(traced: str, input: torch.Tensor, call: tuple | None) -> None:
     """Raise unless lltm would still choose ``traced`` for this call (see _registry.compile_hint)."""
-    now = _registry.select(input.device.type, input.dtype)  # raises itself if nothing can take it
+    now = _registry.select(input.device.type, input.dtype, call=call)  # raises itself if nothing can take it
     if now.name != traced:
         raise BackendError(
             f"lltm: this torch.compile'd code was traced to run backend {traced!r}, but lltm now chooses "
@@ -209,9 +209,9 @@ def check_traced_choice(traced: str, input: torch.Tensor) -> None:
 
 def _register(name: str, kernels):
     # kernels() -> (forward, backward, saved_layout) of backend `name` now: see registered_ops
-    def forward_impl(input, weights, bias, old_h, old_cell, named=None):
+    def forward_impl(input, weights, bias, old_h, old_cell, named=None, needs_backward=True):
         if named is None:
-            check_traced_choice(name, input)
+            check_traced_choice(name, input, ("cell", *input.shape, old_h.shape[1], None, needs_backward))
         return list(kernels()[0](input, weights, bias, old_h, old_cell))
 
     def backward_impl(grad_new_h, grad_new_cell, weights, saved, needs_grad_X):
@@ -225,7 +225,7 @@ def _register(name: str, kernels):
     )
 
     @forward_op.register_fake
-    def _(input, weights, bias, old_h, old_cell, named=None):
+    def _(input, weights, bias, old_h, old_cell, named=None, needs_backward=True):
         B, I = input.shape
         S = old_h.shape[1]
         shapes = [(B, S), (B, S), *kernels()[2](B, I, S).values()]
@@ -246,8 +246,8 @@ def _register(name: str, kernels):
 
     def backward(ctx, grads):
         # One gradient per argument the operator was called with.  The
-        # dispatcher drops an argument equal to its default, so when lltm
-        # chose the backend (named=None) there are five, not six.
+        # dispatcher drops trailing arguments equal to their defaults, so when
+        # lltm chose the backend (named=None) there are five or six, not seven.
         n_args = len(ctx.needs_input_grad)
         weights, *saved = ctx.saved_tensors
         grad_new_h, grad_new_cell = grads[0], grads[1]
@@ -260,7 +260,7 @@ def _register(name: str, kernels):
             _grad_or_zeros(grad_new_h, like), _grad_or_zeros(grad_new_cell, like), weights, saved, needs_grad_X
         )
         grad_input, grad_old_h = _split_grad_X(grad_X, grad_old_cell.shape[1], needs_grad_X)
-        return (grad_input, grad_weights, grad_bias, grad_old_h, grad_old_cell, None)[:n_args]
+        return (grad_input, grad_weights, grad_bias, grad_old_h, grad_old_cell, None, None)[:n_args]
 
     forward_op.register_autograd(backward, setup_context=setup_context)
     return forward_op, backward_op

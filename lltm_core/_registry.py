@@ -18,10 +18,11 @@ import threading
 import warnings
 from dataclasses import dataclass
 from importlib import metadata
+from typing import NamedTuple
 
 import torch
 
-from .backend import SUPPORTED_INTERFACE_VERSIONS, Backend
+from .backend import SUPPORTED_INTERFACE_VERSIONS, Backend, Call
 
 log = logging.getLogger("lltm_core")
 
@@ -83,7 +84,7 @@ class BackendRecord:
 
 _lock = threading.RLock()
 _records: dict[str, list[BackendRecord]] | None = None  # name -> candidates, discovery order
-_choice_cache: dict[tuple, Backend] = {}
+_choice_cache: dict[tuple, Backend | _PerCall] = {}  # see select()
 # use_backend() choice; a ContextVar so threads and asyncio tasks don't see each other's.
 _context_choice: contextvars.ContextVar[str | None] = contextvars.ContextVar("lltm_backend", default=None)
 
@@ -181,6 +182,8 @@ def refresh() -> None:
     with _lock:
         _records = None
         _choice_cache.clear()
+        _call_choices.clear()
+        _answers.clear()
         _warned_unavailable.clear()
         compile_generation += 1
 
@@ -310,52 +313,161 @@ def _not_found_message(name: str, source: str) -> str:
     )
 
 
-def select(device_type: str, dtype: torch.dtype, name: str | None = None, *, source: str = "backend=") -> Backend:
+def select(device_type: str, dtype: torch.dtype, name: str | None = None, *, source: str = "backend=",
+           call: tuple | None = None) -> Backend:
     """The backend that runs a call on ``device_type`` tensors of ``dtype``.
 
-    The decision order:
+    ``call`` is the rest of the call, ``(op, batch, input_features,
+    state_size, steps, needs_backward)`` as in :class:`~lltm_core.Call`, or
+    None when there is no particular call (``get_backend()``, ``lltm info``):
+    then the per-call answers are not asked.  The decision order:
 
     1. An explicit request wins, and is never second-guessed: the ``backend=``
        argument, else the innermost ``use_backend()`` block, else the
        ``LLTM_BACKEND`` environment variable.  If the backend it names is not
-       installed, is unavailable here, is disabled, or does not take this
-       device/dtype, the call fails with that reason.  Silently running
-       something else would make benchmarks and bug reports lie.
+       installed, is unavailable here, is disabled, does not take this
+       device/dtype, or its ``can_run`` says it cannot compute this call, the
+       call fails with that reason.  Its ``should_run`` is not asked: the user
+       chose.  Silently running something else would make benchmarks and bug
+       reports lie.
     2. Otherwise, among backends that loaded, declare themselves available,
        are not hidden by ``LLTM_DISABLE_BACKENDS`` and support this device
-       type and dtype, the highest ``priority`` wins; ties go to the name that
-       sorts first, so the choice does not depend on install order.  An
+       type and dtype, ordered by ``priority`` (highest first; ties go to the
+       name that sorts first, so the choice does not depend on install
+       order), the first whose ``can_run`` and ``should_run`` both answer
+       True for this call runs it.  An answer that raises is a decline.  An
        installed backend that would have won but cannot run is named once in
        a BackendUnavailableWarning (see _warn_if_passed_over).
     3. If none qualifies, the error lists every backend and why it was
-       rejected.
+       rejected or declined (``explain()`` gives the same trace).
 
-    Choices are cached per (request, device type, dtype); ``refresh()`` clears
-    the cache.  ``source`` says, in errors, where ``name`` came from.
+    The device-level part of a choice is cached per (request, device type,
+    dtype, LLTM_DISABLE_BACKENDS); when no candidate that could win declines
+    calls, that is the whole choice.  Otherwise the choice per call, and each
+    backend's answers, are memoized in bounded caches (shapes vary in real
+    training).  ``refresh()`` clears them.  ``source`` says, in errors, where
+    ``name`` came from.
     """
     if name is None:
         name, source = _requested()
-    key = (name, device_type, dtype, _env_disabled())
-    chosen = _choice_cache.get(key)
-    if chosen is not None:
-        return chosen
-    with _lock:
-        chosen = _select_uncached(device_type, dtype, name, source)
-        _choice_cache[key] = chosen
+    # source is in the key for the errors' sake: they say who named the backend.
+    key = (name, source, device_type, dtype, _env_disabled())
+    entry = _choice_cache.get(key)
+    if entry is None:
+        with _lock:
+            entry = _choice_cache[key] = _select_uncached(device_type, dtype, name, source)
+    if entry.__class__ is not _PerCall:
+        return entry
+    if call is None:
+        return entry.backends[0]
+    memo_key = (key, call)
+    chosen = _call_choices.get(memo_key)
+    if chosen is None:
+        chosen = _select_for_call(entry, Call(call[0], device_type, dtype, *call[1:]))
+        _remember(_call_choices, memo_key, chosen)
     return chosen
 
 
-def choose(device_type: str, dtype: torch.dtype, backend) -> Backend:
+def choose(device_type: str, dtype: torch.dtype, backend, call: tuple | None = None) -> Backend:
     """What a call's ``backend=`` argument (a name, a :class:`Backend`, or None) runs on these tensors."""
     if isinstance(backend, Backend):
         why_not = backend.supports(device_type, dtype)
         if why_not is not None:
             raise BackendError(f"lltm backend {backend.name!r} (passed as backend=) cannot take these tensors: it {why_not}")
+        if backend.can_run is not None and call is not None:
+            ok, reason = _answer(backend, "can_run", Call(call[0], device_type, dtype, *call[1:]))
+            if not ok:
+                raise BackendError(f"lltm backend {backend.name!r} (passed as backend=) cannot run "
+                                   f"{Call(call[0], device_type, dtype, *call[1:]).describe()}: {reason}")
         return backend
-    return select(device_type, dtype, backend)
+    return select(device_type, dtype, backend, call=call)
 
 
-def _select_uncached(device_type: str, dtype: torch.dtype, name: str | None, source: str) -> Backend:
+def depends_on_call(device_type: str, dtype: torch.dtype, backend) -> bool:
+    """Whether select() for these tensors asks backends per call (some candidate has can_run/should_run)."""
+    if isinstance(backend, Backend):
+        return backend.can_run is not None
+    return _device_entry(device_type, dtype, backend).__class__ is _PerCall
+
+
+def _device_entry(device_type: str, dtype: torch.dtype, name: str | None) -> Backend | _PerCall:
+    """select()'s cached device-level entry for these tensors (filled first), as a call without shape sees it."""
+    source = "backend="
+    if name is None:
+        name, source = _requested()
+    select(device_type, dtype, name, source=source)  # fills the cache, or raises with the reason
+    return _choice_cache[(name, source, device_type, dtype, _env_disabled())]
+
+
+@dataclass(frozen=True)
+class _PerCall:
+    """A device-level choice that depends on the call: the candidates to ask, best first."""
+
+    backends: tuple[Backend, ...]
+    source: str  # who named the backend, or "" when lltm-core chooses
+    rejected: tuple[str, ...]  # "name: why", of the backends that cannot take the device and dtype at all
+
+
+# The per-call caches: bounded, oldest out first.  A training run with varying
+# batch sizes and sequence lengths makes a new Call for each shape it meets.
+MEMO_SIZE = 4096
+_call_choices: dict[tuple, Backend] = {}  # (select()'s key, call tuple) -> backend
+_answers: dict[tuple, tuple[bool, str]] = {}  # (backend name, "can_run"/"should_run", Call) -> (yes, reason)
+
+
+def _remember(memo: dict, key, value) -> None:
+    with _lock:
+        if len(memo) >= MEMO_SIZE:
+            del memo[next(iter(memo))]
+        memo[key] = value
+
+
+def _answer(backend: Backend, question: str, call: Call) -> tuple[bool, str]:
+    """``backend``'s answer to ``question`` ("can_run" or "should_run") for ``call``: (yes, reason if no)."""
+    ask = getattr(backend, question)
+    if ask is None:
+        return True, ""
+    key = (backend.name, question, call)
+    verdict = _answers.get(key)
+    if verdict is not None:
+        return verdict
+    try:
+        answer = ask(call)
+    # Someone else's code: an answer that raises is a decline, never the call's error.
+    except (Exception, SystemExit) as exc:
+        verdict = False, f"{question} raised {type(exc).__name__}: {exc}"
+        log.warning("lltm backend %s: %s (counted as a decline)", backend.name, verdict[1])
+    else:
+        if answer is True:
+            verdict = True, ""
+        elif answer is False:
+            verdict = False, f"{question} said no"
+        elif isinstance(answer, str):
+            verdict = False, f"{question}: {answer or 'no (no reason given)'}"
+        else:
+            verdict = False, f"{question} returned {answer!r}; it must return True, False or a reason string"
+    _remember(_answers, key, verdict)
+    return verdict
+
+
+def _select_for_call(entry: _PerCall, call: Call) -> Backend:
+    for backend in entry.backends:
+        ok, _ = _answer(backend, "can_run", call)
+        if ok and not entry.source:
+            ok, _ = _answer(backend, "should_run", call)
+        if ok:
+            log.debug("%s -> %s", call.describe(), backend.name)
+            return backend
+    lines = "\n  ".join(f"{t.name}: {t.verdict}: {t.reason}" for t in _trace(entry.backends, entry.source, call))
+    if entry.source:
+        name = entry.backends[0].name
+        raise BackendError(f"lltm backend {name!r} (asked for by {entry.source}) cannot run {call.describe()}: "
+                           f"{_answer(entry.backends[0], 'can_run', call)[1]}.\n  {lines}")
+    raise BackendError(f"no lltm backend can run {call.describe()}.\n  {lines}\n"
+                       f"`lltm info --explain` shows this trace for any shape.")
+
+
+def _select_uncached(device_type: str, dtype: torch.dtype, name: str | None, source: str) -> Backend | _PerCall:
     what = f"{device_type} {_dtype_name(dtype)} tensors"
     if name is not None and not isinstance(name, str):
         raise TypeError(f"{source} takes a backend name or an lltm_core.Backend, got {type(name).__name__} {name!r}")
@@ -376,6 +488,8 @@ def _select_uncached(device_type: str, dtype: torch.dtype, name: str | None, sou
                 f"Backends that can: {', '.join(takers) or 'none'}."
             )
         log.debug("%s -> %s (asked for by %s)", what, name, source)
+        if rec.backend.can_run is not None:
+            return _PerCall((rec.backend,), source, ())
         return rec.backend
 
     rejected: list[str] = []
@@ -403,13 +517,89 @@ def _select_uncached(device_type: str, dtype: torch.dtype, name: str | None, sou
         else:
             advice = "None of the installed backends takes these tensors (see why above); `lltm info` lists them."
         raise BackendError(f"no lltm backend can take {what}.\n  {lines}\n{advice}")
-    chosen = min(candidates, key=lambda b: (-b.priority, b.name))
-    _warn_if_passed_over(unavailable, chosen, device_type, dtype, what)
+    candidates.sort(key=lambda b: (-b.priority, b.name))
+    _warn_if_passed_over(unavailable, candidates[0], device_type, dtype, what)
     log.debug(
         "%s -> %s (priority %d; candidates %s; rejected %s)",
-        what, chosen.name, chosen.priority, [b.name for b in candidates], rejected,
+        what, candidates[0].name, candidates[0].priority, [b.name for b in candidates], rejected,
     )
-    return chosen
+    # Only backends up to the first that takes every call can ever be chosen.
+    last = next((i for i, b in enumerate(candidates) if not b.declines_calls), len(candidates) - 1)
+    if last == 0:
+        return candidates[0]
+    return _PerCall(tuple(candidates[: last + 1]), "", tuple(rejected))
+
+
+class TraceEntry(NamedTuple):
+    """One backend's part in a choice, as :func:`explain` reports it."""
+
+    name: str
+    #: "chosen", "declined", "lower priority", "not for this device/dtype", "unavailable" or "not asked".
+    verdict: str
+    reason: str
+
+
+def _trace(asked: tuple[Backend, ...], named: str, call: Call) -> list[TraceEntry]:
+    """Every backend, in the order select() considers them, with its verdict on ``call``.
+
+    ``asked``: select()'s candidates, best first; ``named``: who named the one backend asked, or "".
+    """
+    out: list[TraceEntry] = []
+    chosen = None
+    others = []
+    with _lock:
+        for n in sorted(_records_by_name()):
+            rec = _resolve(n)
+            if rec.available and rec.backend.supports(call.device_type, call.dtype) is None:
+                others.append(rec.backend)
+            elif rec.available:
+                out.append(TraceEntry(n, "not for this device/dtype", f"it {rec.backend.supports(call.device_type, call.dtype)}"))
+            else:
+                out.append(TraceEntry(n, "unavailable", f"{rec.status}: {rec.reason}"))
+    others.sort(key=lambda b: (-b.priority, b.name))
+    ordered = list(asked) + [b for b in others if b.name not in {a.name for a in asked}]
+    judged: list[TraceEntry] = []
+    for b in ordered:
+        if named and b.name != asked[0].name:
+            judged.append(TraceEntry(b.name, "not asked", f"{named} names {asked[0].name!r}"))
+            continue
+        ok, reason = _answer(b, "can_run", call)
+        if ok and not named:
+            ok, reason = _answer(b, "should_run", call)
+        if not ok:
+            judged.append(TraceEntry(b.name, "declined", f"priority {b.priority}; {reason}"))
+        elif chosen is None:
+            chosen = b
+            why = f"asked for by {named}" if named else f"priority {b.priority}, the highest that accepts the call"
+            judged.append(TraceEntry(b.name, "chosen", why))
+        else:
+            judged.append(TraceEntry(b.name, "lower priority",
+                                     f"priority {b.priority} < {chosen.name}'s {chosen.priority}; it would run it"))
+    return judged + out
+
+
+def explain(call: Call) -> list[TraceEntry]:
+    """The trace of the choice for ``call``: every backend in order, with its verdict and the reason.
+
+    As Hugging Face kernels reports its variants: which one was chosen, and
+    why each other one was declined or not considered.  Honors
+    ``LLTM_BACKEND`` and ``use_backend()``; never raises for a call nothing
+    can run (then no entry is "chosen").
+    """
+    if not isinstance(call, Call):
+        raise TypeError(f"explain() takes an lltm_core.Call, got {type(call).__name__}")
+    name, source = _requested()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", BackendUnavailableWarning)
+            entry = _select_uncached(call.device_type, call.dtype, name, source)
+    except BackendError as exc:
+        if name is not None:
+            return [TraceEntry(name, "unavailable", str(exc))]
+        return _trace((), "", call)
+    if entry.__class__ is _PerCall:
+        return _trace(entry.backends, entry.source, call)
+    return _trace((entry,), source if name is not None else "", call)
 
 
 _warned_unavailable: set[str] = set()
@@ -439,15 +629,21 @@ def _warn_if_passed_over(unavailable: list[BackendRecord], chosen: Backend, devi
         )
 
 
-def explain(device_type: str, dtype: torch.dtype) -> tuple[str | None, str]:
-    """(chosen backend name or None, why) for ``lltm info``."""
+def choice_for_device(device_type: str, dtype: torch.dtype) -> tuple[str | None, str]:
+    """(chosen backend name or None, why) for ``lltm info``'s selection table: no particular call."""
     try:
         with warnings.catch_warnings():  # lltm info lists the unavailable backends with their reasons
             warnings.simplefilter("ignore", BackendUnavailableWarning)
             b = select(device_type, dtype)
     except BackendError as exc:
         return None, str(exc)
-    return b.name, why_chosen(b)
+    why = why_chosen(b)
+    entry = _device_entry(device_type, dtype, None)
+    if entry.__class__ is _PerCall:
+        declining = [c.name for c in entry.backends if c.declines_calls]
+        why += (f"; {', '.join(declining)} may decline a call by its shape, and the next one runs it "
+                f"(lltm info --explain sequence --shape T,B,I,S)")
+    return b.name, why
 
 
 def why_chosen(chosen: Backend) -> str:
@@ -456,3 +652,38 @@ def why_chosen(chosen: Backend) -> str:
     if name is not None:
         return f"asked for by {source}"
     return f"highest priority ({chosen.priority}) of the backends that take it"
+
+
+# --- the public face of the registry (lltm_core re-exports these) -------------
+
+
+def get_backend(name: str | None = None, *, device=None, dtype=None) -> Backend:
+    """The backend called ``name``, or the one lltm-core would choose.
+
+    ``device`` and ``dtype`` (default: ``torch.get_default_dtype()``) say which
+    tensors the backend must take.  The default device is the CPU, except for a
+    named backend that does not run there: ``get_backend("cuda")`` means
+    lltm-cuda for CUDA tensors, and is checked on the first device it declares.
+    With a name, the named backend is checked against them and an error says
+    why it cannot take them; it is never swapped for another.
+    """
+    device_type = torch.device(device).type if device is not None else _default_device_type(name)
+    dtype = dtype if dtype is not None else torch.get_default_dtype()
+    return select(device_type, dtype, name, source="get_backend()")
+
+
+def _default_device_type(name: str | None) -> str:
+    rec = _resolve(name) if name is not None else None
+    if rec is not None and rec.available and "cpu" not in rec.backend.devices:
+        return min(rec.backend.devices)
+    return "cpu"  # an unavailable or unknown backend: select() says why
+
+
+def available_backends() -> list[str]:
+    """Names of the installed backends that load and can run here."""
+    return available_names()
+
+
+def backend_report() -> list[dict]:
+    """Every discovered entry point: distribution, version, status and, if unusable, why."""
+    return report()

@@ -22,6 +22,7 @@ import logging
 import torch
 
 from . import _autograd, _registry
+from ._cell import _traced_call, lltm
 from ._checks import check_sequence_args
 from .backend import Backend
 
@@ -29,7 +30,7 @@ log = logging.getLogger("lltm_core")
 
 _FORWARD_SCHEMA = (
     "(Tensor input, Tensor weights, Tensor bias, Tensor h0, Tensor c0, Tensor? lengths, bool reverse, "
-    "str? named=None) -> Tensor[]"
+    "str? named=None, bool needs_backward=True) -> Tensor[]"
 )
 _BACKWARD_SCHEMA = (
     "(Tensor grad_output, Tensor grad_h_n, Tensor grad_c_n, Tensor weights, Tensor input, Tensor h0, "
@@ -55,29 +56,41 @@ def lltm_sequence(input, weights, bias, h0, c0, *, lengths=None, reverse=False, 
     if lengths is not None:
         lengths = lengths.to(device=input.device, dtype=torch.int64).contiguous()
     args = (input.contiguous(), weights.contiguous(), bias.contiguous(), h0.contiguous(), c0.contiguous())
+    T, B, I = input.shape
+    S = h0.shape[1]
     if compiling:
-        route = _traced_route(input.device.type, input.dtype, backend, _registry.compile_hint,
+        needs = torch.is_grad_enabled() and any(t.requires_grad for t in args)
+        call = _traced_call("sequence", input.device.type, input.dtype, backend, B, I, S, T, needs)
+        route = _traced_route(input.device.type, input.dtype, backend, call, _registry.compile_hint,
                               _registry.compile_generation)
         kind, name = route.split(":", 1)
         if kind == "loop":  # each step's operator checks the choice again, as lltm() does
             return _loop_steps(backend, *args, lengths, reverse)
         named = backend if isinstance(backend, str) else backend.name if isinstance(backend, Backend) else None
-        out = getattr(torch.ops.lltm, f"{name}_sequence_forward")(*args, lengths, reverse, named)
+        out = getattr(torch.ops.lltm, f"{name}_sequence_forward")(*args, lengths, reverse, named, needs)
         return out[0], out[1], out[2]
-    chosen = _registry.choose(input.device.type, input.dtype, backend)
+    needs = _autograd.needs_autograd(*args)
+    chosen = _registry.choose(input.device.type, input.dtype, backend, ("sequence", B, I, S, T, needs))
     if not chosen.has_sequence_kernels:
         log.debug("lltm_sequence: backend %s has no sequence kernels; looping its step kernels", chosen.name)
         return _loop_steps(chosen, *args, lengths, reverse)
-    if _autograd.needs_autograd(*args):
+    if needs:
         return _SequenceFunction.apply(chosen, *args, lengths, reverse)
-    out = chosen.sequence_forward(*args, lengths, reverse)
+    out = run_forward(chosen, *args, lengths, reverse, False)
     return out[0], out[1], out[2]
 
 
+def run_forward(backend: Backend, input, weights, bias, h0, c0, lengths, reverse, needs_backward):
+    """``backend.sequence_forward`` with the signature its interface version has (v3: needs_backward)."""
+    if backend.takes_needs_backward:
+        return backend.sequence_forward(input, weights, bias, h0, c0, lengths, reverse, needs_backward)
+    return backend.sequence_forward(input, weights, bias, h0, c0, lengths, reverse)
+
+
 @torch.compiler.assume_constant_result
-def _traced_route(device_type: str, dtype: torch.dtype, backend, compile_hint, compile_generation) -> str:
+def _traced_route(device_type: str, dtype: torch.dtype, backend, call, compile_hint, compile_generation) -> str:
     """"fused:<name>" or "loop:<name>", fixed in the graph; the hint arguments make Dynamo guard on them."""
-    chosen = _registry.choose(device_type, dtype, backend)
+    chosen = _registry.choose(device_type, dtype, backend, call)
     if not chosen.has_sequence_kernels:
         return f"loop:{chosen.name}"
     sequence_ops_for(chosen)  # registers torch.ops.lltm.<name>_sequence_forward on first use
@@ -90,8 +103,6 @@ def _loop_steps(backend, input, weights, bias, h0, c0, lengths, reverse):
     Each step is ``lltm()`` (autograd, or the step's custom operator under
     torch.compile); rows past their length keep their state and output zero.
     """
-    from . import lltm
-
     h, c = h0, c0
     outputs = [None] * input.shape[0]
     steps = range(input.shape[0] - 1, -1, -1) if reverse else range(input.shape[0])
@@ -110,7 +121,7 @@ def _loop_steps(backend, input, weights, bias, h0, c0, lengths, reverse):
 class _SequenceFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, backend: Backend, input, weights, bias, h0, c0, lengths, reverse):
-        output, h_n, c_n, *saved = backend.sequence_forward(input, weights, bias, h0, c0, lengths, reverse)
+        output, h_n, c_n, *saved = run_forward(backend, input, weights, bias, h0, c0, lengths, reverse, True)
         ctx.backend, ctx.lengths, ctx.reverse = backend, lengths, reverse
         ctx.save_for_backward(input, weights, h0, output, *saved)
         return output, h_n, c_n
@@ -145,16 +156,22 @@ def _eager_backward(ctx, grad_output, grad_h_n, grad_c_n):
 
 def sequence_ops_for(backend: Backend):
     """(forward_op, backward_op): ``lltm::<name>_sequence_forward`` and ``lltm::<name>_sequence_backward``."""
-    kernels = (backend.sequence_forward, backend.sequence_backward, backend.sequence_saved_layout)
+    kernels = (backend.sequence_forward, backend.sequence_backward, backend.sequence_saved_layout,
+               backend.takes_needs_backward)
     return _autograd.registered_ops("sequence", backend, kernels, _register)
 
 
 def _register(name: str, kernels):
-    # kernels() -> (sequence_forward, sequence_backward, sequence_saved_layout) of backend `name` now
-    def forward_impl(input, weights, bias, h0, c0, lengths, reverse, named=None):
+    # kernels() -> (sequence_forward, sequence_backward, sequence_saved_layout, takes_needs_backward)
+    # of backend `name` now
+    def forward_impl(input, weights, bias, h0, c0, lengths, reverse, named=None, needs_backward=True):
         if named is None:
-            _autograd.check_traced_choice(name, input)
-        return list(kernels()[0](input, weights, bias, h0, c0, lengths, reverse))
+            T, B, I = input.shape
+            _autograd.check_traced_choice(name, input, ("sequence", B, I, h0.shape[1], T, needs_backward))
+        forward, _, _, takes_needs_backward = kernels()
+        if takes_needs_backward:
+            return list(forward(input, weights, bias, h0, c0, lengths, reverse, needs_backward))
+        return list(forward(input, weights, bias, h0, c0, lengths, reverse))
 
     def backward_impl(grad_output, grad_h_n, grad_c_n, weights, input, h0, output, lengths, saved, reverse,
                       needs_grad_input):
@@ -169,10 +186,13 @@ def _register(name: str, kernels):
     )
 
     @forward_op.register_fake
-    def _(input, weights, bias, h0, c0, lengths, reverse, named=None):
+    def _(input, weights, bias, h0, c0, lengths, reverse, named=None, needs_backward=True):
         T, B, I = input.shape
         S = h0.shape[1]
-        shapes = [(T, B, S), (B, S), (B, S), *kernels()[2](T, B, I, S).values()]
+        saved = kernels()[2](T, B, I, S).values()
+        if not needs_backward and kernels()[3]:  # a version-3 backend saves nothing for inference
+            saved = [(0,)] * len(saved)
+        shapes = [(T, B, S), (B, S), (B, S), *saved]
         return [input.new_empty(shape) for shape in shapes]
 
     @backward_op.register_fake
@@ -203,7 +223,7 @@ def _register(name: str, kernels):
             needs_input,
         )
         return ((grad_input if needs_input else None), grad_weights, grad_bias, grad_h0, grad_c0, None, None,
-                None)[:n_args]
+                None, None)[:n_args]
 
     forward_op.register_autograd(backward, setup_context=setup_context)
     return forward_op, backward_op

@@ -94,30 +94,92 @@ nothing written to an argument, saved tensors in the inputs' dtype.  What
 ``lltm_core.LLTMLayer`` promises about memory, a fused backend should keep
 too: at most (6S + I)·T·B saved elements, counting the input and output that
 lltm-core holds, and nothing kept at all under ``torch.no_grad()``.
+
+Declining calls, and inference that keeps nothing (interface version 3)
+-----------------------------------------------------------------------
+A backend may be fast only in some regime (a persistent GPU kernel that
+keeps W_h on chip, say, for small state sizes).  Version 3 lets it say so per
+call, as networkx's backends do with ``can_run``/``should_run``.  Every call
+is described by a :class:`Call`; a backend may set either or both of:
+
+* ``can_run(call)``: whether its kernels can compute that call at all;
+* ``should_run(call)``: whether they are a good choice for it.
+
+Each returns ``True``, or ``False`` or a string (the reason, which ``lltm
+info --explain`` shows: "state_size 1024 > 256: W_h does not fit on chip").
+They must be cheap, deterministic functions of the Call: lltm-core memoizes
+the answers.  The selection rule is ``lltm_core._registry.select``'s: a named
+backend is asked ``can_run`` only; otherwise the first by priority for which
+both answers are True runs the call.  An answer that raises is a decline,
+reported in the trace, never an error of the call.
+
+A version-3 backend's ``sequence_forward`` takes one more argument,
+``needs_backward`` (a bool, after ``reverse``).  When it is False (under
+``torch.no_grad()``, or nothing requires a gradient) no backward will follow:
+the backend returns an empty tensor (``input.new_empty(0)``) in each saved
+slot, keeps no tanh(c_t), and projects the input a chunk of steps at a time,
+so that inference costs the output plus a bounded workspace.  A version-2
+backend is called as before and lltm-core drops what it saved.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Mapping, NamedTuple, Sequence, Union
 
 import torch
 
 #: The version of this contract.  It changes only when the kernel signatures or
 #: their guarantees change; a backend lists the versions it implements in
 #: :attr:`Backend.interface_versions`.  Version 2 added the optional sequence
-#: kernels; the step kernels are those of version 1.
-INTERFACE_VERSION = 2
+#: kernels; version 3 added ``can_run``/``should_run`` and ``sequence_forward``'s
+#: ``needs_backward``; the step kernels are those of version 1.
+INTERFACE_VERSION = 3
 #: The versions this lltm-core accepts: a backend must list at least one.  A
 #: version-1 backend (step kernels only) runs sequences through its step kernels.
-SUPPORTED_INTERFACE_VERSIONS = (1, 2)
+SUPPORTED_INTERFACE_VERSIONS = (1, 2, 3)
 #: The first version with sequence kernels.
 SEQUENCE_INTERFACE_VERSION = 2
+#: The first version with per-call answers (can_run, should_run) and needs_backward.
+CALL_INTERFACE_VERSION = 3
 
 Shape = Sequence[int]
 ForwardKernel = Callable[..., Sequence[torch.Tensor]]
 BackwardKernel = Callable[..., Sequence[torch.Tensor]]
 SEQUENCE_FIELDS = ("sequence_forward", "sequence_backward", "sequence_saved_layout")
+CALL_FIELDS = ("can_run", "should_run")
+
+
+class Call(NamedTuple):
+    """One call lltm-core is about to make, as ``can_run``/``should_run`` see it.
+
+    A plain tuple underneath: cheap to build and to hash, since lltm-core
+    memoizes every answer per (backend, Call).
+    """
+
+    #: "cell" (one step: ``lltm()``, ``LLTM``) or "sequence" (``lltm_sequence()``, ``LLTMLayer``).
+    op: str
+    #: The tensors' device type ("cpu", "cuda", ...) and dtype.
+    device_type: str
+    dtype: torch.dtype
+    batch: int
+    input_features: int
+    state_size: int
+    #: Time steps of a sequence; None for the cell.
+    steps: int | None = None
+    #: Whether autograd will call the backward (something requires a gradient, with grad mode on).
+    needs_backward: bool = True
+
+    def describe(self) -> str:
+        """``sequence T64 B16 I32 S128, cpu float32, with backward``: for traces and errors."""
+        steps = f"T{self.steps} " if self.steps is not None else ""
+        mode = "with backward" if self.needs_backward else "inference"
+        return (f"{self.op} {steps}B{self.batch} I{self.input_features} S{self.state_size}, "
+                f"{self.device_type} {str(self.dtype).removeprefix('torch.')}, {mode}")
+
+
+#: What ``can_run``/``should_run`` return: True, or False or a reason string for no.
+Verdict = Union[bool, str]
 
 
 def always_available() -> str | None:
@@ -158,14 +220,20 @@ class Backend:
     availability: Callable[[], str | None] = field(default=always_available)
     #: One line for ``lltm info``.
     description: str = ""
-    #: ``sequence_forward(input, weights, bias, h0, c0, lengths, reverse)
-    #: -> (output, h_n, c_n, *saved)``; None: lltm-core loops the step kernels.
+    #: ``sequence_forward(input, weights, bias, h0, c0, lengths, reverse[, needs_backward])
+    #: -> (output, h_n, c_n, *saved)`` (needs_backward from version 3); None: lltm-core loops the step kernels.
     sequence_forward: ForwardKernel | None = None
     #: ``sequence_backward(grad_output, grad_h_n, grad_c_n, weights, input, h0, output, lengths,
     #: *saved, reverse, needs_grad_input) -> (grad_input, grad_weights, grad_bias, grad_h0, grad_c0)``
     sequence_backward: BackwardKernel | None = None
     #: ``sequence_saved_layout(T, B, I, S) -> {name: shape}`` of the tensors sequence_forward saves.
     sequence_saved_layout: Callable[[int, int, int, int], Mapping[str, Shape]] | None = None
+    #: ``can_run(call: Call) -> True | False | reason``: whether the kernels can compute ``call`` at all
+    #: (version 3; None: every call of a declared device and dtype).
+    can_run: Callable[[Call], Verdict] | None = None
+    #: ``should_run(call: Call) -> True | False | reason``: whether they are a good choice for it
+    #: (version 3; None: always).  Skipped when the user names this backend.
+    should_run: Callable[[Call], Verdict] | None = None
 
     def __post_init__(self):
         # A backend is someone else's code: a malformed field fails here, when
@@ -207,6 +275,29 @@ class Backend:
             raise TypeError(f"Backend {self.name!r}: sequence kernels came with interface version "
                             f"{SEQUENCE_INTERFACE_VERSION}, but interface_versions is {self.interface_versions}: "
                             f"add {SEQUENCE_INTERFACE_VERSION}")
+
+        for name in CALL_FIELDS:
+            value = getattr(self, name)
+            if value is not None and not callable(value):
+                raise bad(name, "callable or None")
+        declines = [name for name in CALL_FIELDS if getattr(self, name) is not None]
+        if declines and CALL_INTERFACE_VERSION not in self.interface_versions:
+            raise TypeError(f"Backend {self.name!r}: {' and '.join(declines)} came with interface version "
+                            f"{CALL_INTERFACE_VERSION}, but interface_versions is {self.interface_versions}: "
+                            f"add {CALL_INTERFACE_VERSION}")
+        # Which sequence_forward signature to call: the newest version both sides speak.
+        spoken = [v for v in self.interface_versions if v in SUPPORTED_INTERFACE_VERSIONS]
+        object.__setattr__(self, "_takes_needs_backward", bool(spoken) and max(spoken) >= CALL_INTERFACE_VERSION)
+
+    @property
+    def takes_needs_backward(self) -> bool:
+        """Whether ``sequence_forward`` takes ``needs_backward`` (it speaks version 3 or later)."""
+        return self._takes_needs_backward
+
+    @property
+    def declines_calls(self) -> bool:
+        """Whether the choice of this backend depends on the call (it has ``can_run`` or ``should_run``)."""
+        return self.can_run is not None or self.should_run is not None
 
     @property
     def has_sequence_kernels(self) -> bool:

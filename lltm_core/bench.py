@@ -29,7 +29,9 @@ from dataclasses import asdict, dataclass, field, replace
 
 import torch
 
-from . import LLTM, LLTMLayer, _registry
+from . import _registry
+from ._cell import LLTM
+from .layer import LLTMLayer
 from ._device import cuda_unavailable_reason
 from ._format import table
 from ._registry import BackendError

@@ -10,7 +10,9 @@ import sys
 
 import torch
 
-from . import INTERFACE_VERSION, __version__, _registry
+from . import _registry
+from ._version import __version__
+from .backend import INTERFACE_VERSION
 from ._device import cuda_unavailable_reason
 from ._format import table
 
@@ -29,7 +31,7 @@ def info_data() -> dict:
         if unusable:
             continue
         for dtype in _DTYPES:
-            chosen, why = _registry.explain(device, dtype)
+            chosen, why = _registry.choice_for_device(device, dtype)
             selection.append({"device": device, "dtype": str(dtype)[6:], "backend": chosen, "why": why})
     backends = _registry.report()
     return {

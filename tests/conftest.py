@@ -94,8 +94,8 @@ FAKE_MODULE = textwrap.dedent(
         grad_input, gw, gb, gh, gc = lltm_ref.sequence_backward(*args)
         return grad_input, gw * 1.01, gb, gh, gc
 
-    def _seq_ignoring_lengths(input, weights, bias, h0, c0, lengths, reverse):
-        return lltm_ref.sequence_forward(input, weights, bias, h0, c0, None, reverse)
+    def _seq_ignoring_lengths(input, weights, bias, h0, c0, lengths, reverse, *needs_backward):
+        return lltm_ref.sequence_forward(input, weights, bias, h0, c0, None, reverse, *needs_backward)
 
     def _seq_aliasing_forward(*args):
         output, h_n, c_n, *saved = lltm_ref.sequence_forward(*args)
@@ -118,6 +118,43 @@ FAKE_MODULE = textwrap.dedent(
     def seq_hoarding():    return _ref(name="seq_hoarding", sequence_forward=_seq_hoarding_forward,
                                        sequence_backward=_seq_hoarding_backward,
                                        sequence_saved_layout=_seq_hoarding_layout)
+
+    # Version 2: sequence kernels without needs_backward, as written before contract v3.
+    _v2_calls = []
+
+    def _v2_sequence_forward(input, weights, bias, h0, c0, lengths, reverse):
+        _v2_calls.append(torch.is_grad_enabled())
+        return lltm_ref.sequence_forward(input, weights, bias, h0, c0, lengths, reverse)
+
+    def v2_only():       return _ref(name="v2_only", interface_versions=(1, 2), sequence_forward=_v2_sequence_forward)
+
+    # Contract v3's per-call answers (tests/test_call_choice.py).  Each declines large state sizes.
+    def _big_state(call):
+        return f"state_size {call.state_size} > 64: too big for this backend" if call.state_size > 64 else True
+
+    def _no_cell(call):
+        return call.op != "cell" or "no cell kernels worth running"
+
+    def _raises(call):
+        raise ZeroDivisionError("a bug in should_run")
+
+    def _answers_none(call):
+        return None
+
+    _asked = []
+
+    def _counting(call):
+        _asked.append(call)
+        return True
+
+    def small_only():    return _ref(name="small_only", priority=80, devices=frozenset({"cpu"}), should_run=_big_state)
+    def small_can():     return _ref(name="small_can", priority=80, devices=frozenset({"cpu"}), can_run=_big_state)
+    def small_both():    return _ref(name="small_both", priority=90, devices=frozenset({"cpu"}), can_run=_no_cell,
+                                     should_run=_big_state)
+    def raising():       return _ref(name="raising", priority=95, devices=frozenset({"cpu"}), should_run=_raises)
+    def answers_none():  return _ref(name="answers_none", priority=95, devices=frozenset({"cpu"}), can_run=_answers_none)
+    def counting():      return _ref(name="counting", priority=85, devices=frozenset({"cpu"}), should_run=_counting)
+    def no_v3():         return _ref(name="no_v3", interface_versions=(1, 2), should_run=_big_state)
 
     # Passes the reference check, then its kernel starts raising (lltm bench must go on without it).
     _calls = [0]

@@ -53,7 +53,7 @@ def test_broken_backends_are_reported_not_raised(fake_backends):
     assert "SystemExit: a plugin that calls sys.exit()" in report["exits"]["reason"]
     assert report["broken"]["status"] == "unavailable"
     assert "ImportError: libfoo.so" in report["broken"]["reason"]
-    assert "interface [99]" in report["future"]["reason"] and "speaks [1, 2]" in report["future"]["reason"]
+    assert "interface [99]" in report["future"]["reason"] and "speaks [1, 2, 3]" in report["future"]["reason"]
     assert report["nogpu"]["reason"] == "no CUDA device visible"
     assert "calls itself 'something_else'" in report["misnamed"]["reason"]
     assert "not lltm_core.Backend" in report["not_backend"]["reason"]
