@@ -38,11 +38,24 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
 
 
+def _interpreter_active() -> bool:
+    """Whether Triton itself defined its functions for the interpreter (it reads TRITON_INTERPRET once, at
+    each @triton.jit, its own tl.zeros included: torch imports triton early, so the variable must be in the
+    environment before Python starts)."""
+    from triton.language import standard
+    from triton.runtime.interpreter import InterpretedFunction
+
+    return isinstance(standard.zeros, InterpretedFunction)
+
+
 def unavailable_reason() -> str | None:
     """None if the kernels can run here, else why not and what to do, most fundamental first."""
     if importlib.util.find_spec("triton") is None:
         return "triton is not installed: pip install triton (Linux wheels; lltm-triton's own dependency)"
     if interpreting():
+        if not _interpreter_active():
+            return ("TRITON_INTERPRET=1 was set after triton was imported (torch imports it), so Triton compiles "
+                    "for a GPU: set it in the environment before Python starts")
         return None
     if not torch.cuda.is_available():
         return ("no GPU visible (torch.cuda.is_available() is False) and Triton's interpreter is off: "

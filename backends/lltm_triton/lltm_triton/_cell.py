@@ -66,13 +66,13 @@ def _forward_kernel(x_ptr, h_ptr, c_ptr, w_ptr, b_ptr,
     mask = row_ok[:, None] & col_ok[None, :]
     old_c = tl.load(c_ptr + tile, mask=mask, other=0.0).to(ACC)
     i, o, z, new_c, tanh_c, new_h = pw.cell_forward(pre_i, pre_o, pre_z, old_c)
-    tl.store(new_h_ptr + tile, new_h, mask=mask)
-    tl.store(new_c_ptr + tile, new_c, mask=mask)
-    tl.store(tanh_c_ptr + tile, tanh_c, mask=mask)
+    tl.store(new_h_ptr + tile, pw.to_storage(new_h, new_h_ptr), mask=mask)
+    tl.store(new_c_ptr + tile, pw.to_storage(new_c, new_c_ptr), mask=mask)
+    tl.store(tanh_c_ptr + tile, pw.to_storage(tanh_c, tanh_c_ptr), mask=mask)
     gate = rows[:, None] * (3 * S) + cols[None, :]
-    tl.store(gates_ptr + gate, i, mask=mask)
-    tl.store(gates_ptr + gate + S, o, mask=mask)
-    tl.store(gates_ptr + gate + 2 * S, z, mask=mask)
+    tl.store(gates_ptr + gate, pw.to_storage(i, gates_ptr), mask=mask)
+    tl.store(gates_ptr + gate + S, pw.to_storage(o, gates_ptr), mask=mask)
+    tl.store(gates_ptr + gate + 2 * S, pw.to_storage(z, gates_ptr), mask=mask)
 
 
 @triton.jit
@@ -118,25 +118,25 @@ def _backward_kernel(grad_h_ptr, grad_c_ptr, w_ptr, X_ptr, gates_ptr, tanh_c_ptr
                         mask=(rows < B)[:, None] & (n_cols < K)[None, :], other=0.0)
             # d_gates rounded to the storage dtype, as a cuBLAS GEMM over stored d_gates would see them.
             X = X.to(DOT)
-            acc_i = tl.dot(tl.trans(d_i.to(X_ptr.dtype.element_ty).to(DOT)), X, acc=acc_i, input_precision=PRECISION)
-            acc_o = tl.dot(tl.trans(d_o.to(X_ptr.dtype.element_ty).to(DOT)), X, acc=acc_o, input_precision=PRECISION)
-            acc_z = tl.dot(tl.trans(d_z.to(X_ptr.dtype.element_ty).to(DOT)), X, acc=acc_z, input_precision=PRECISION)
+            acc_i = tl.dot(tl.trans(pw.to_storage(d_i, X_ptr).to(DOT)), X, acc=acc_i, input_precision=PRECISION)
+            acc_o = tl.dot(tl.trans(pw.to_storage(d_o, X_ptr).to(DOT)), X, acc=acc_o, input_precision=PRECISION)
+            acc_z = tl.dot(tl.trans(pw.to_storage(d_z, X_ptr).to(DOT)), X, acc=acc_z, input_precision=PRECISION)
             if pid_n == 0:
                 sum_i += tl.sum(d_i, axis=0)
                 sum_o += tl.sum(d_o, axis=0)
                 sum_z += tl.sum(d_z, axis=0)
-                tl.store(grad_old_c_ptr + rows[:, None] * S + s_cols[None, :], d_c,
+                tl.store(grad_old_c_ptr + rows[:, None] * S + s_cols[None, :], pw.to_storage(d_c, grad_old_c_ptr),
                          mask=(rows < B)[:, None] & (s_cols < S)[None, :])
         w_tile = grad_w_ptr + s_cols[:, None] * K + n_cols[None, :]
         w_mask = (s_cols < S)[:, None] & (n_cols < K)[None, :]
-        tl.store(w_tile, acc_i, mask=w_mask)
-        tl.store(w_tile + S * K, acc_o, mask=w_mask)
-        tl.store(w_tile + 2 * S * K, acc_z, mask=w_mask)
+        tl.store(w_tile, pw.to_storage(acc_i, grad_w_ptr), mask=w_mask)
+        tl.store(w_tile + S * K, pw.to_storage(acc_o, grad_w_ptr), mask=w_mask)
+        tl.store(w_tile + 2 * S * K, pw.to_storage(acc_z, grad_w_ptr), mask=w_mask)
         if pid_n == 0:
             s_ok = s_cols < S
-            tl.store(grad_b_ptr + s_cols, sum_i, mask=s_ok)
-            tl.store(grad_b_ptr + S + s_cols, sum_o, mask=s_ok)
-            tl.store(grad_b_ptr + 2 * S + s_cols, sum_z, mask=s_ok)
+            tl.store(grad_b_ptr + s_cols, pw.to_storage(sum_i, grad_b_ptr), mask=s_ok)
+            tl.store(grad_b_ptr + S + s_cols, pw.to_storage(sum_o, grad_b_ptr), mask=s_ok)
+            tl.store(grad_b_ptr + 2 * S + s_cols, pw.to_storage(sum_z, grad_b_ptr), mask=s_ok)
     else:
         # grad_X[b, n] = sum_g sum_s d_g[b, s] W[g*S + s, n]: this program's b and n blocks, all of s.
         pid_x = pid - weight_programs
@@ -150,14 +150,13 @@ def _backward_kernel(grad_h_ptr, grad_c_ptr, w_ptr, X_ptr, gates_ptr, tanh_c_ptr
             d_i, d_o, d_z, d_c = _d_gates(gates_ptr, tanh_c_ptr, grad_h_ptr, grad_c_ptr, rows, s_cols, B, S, ACC)
             w_tile = w_ptr + s_cols[:, None] * K + n_cols[None, :]
             w_mask = (s_cols < S)[:, None] & (n_cols < K)[None, :]
-            dt = w_ptr.dtype.element_ty
-            acc = tl.dot(d_i.to(dt).to(DOT), tl.load(w_tile, mask=w_mask, other=0.0).to(DOT), acc=acc,
-                         input_precision=PRECISION)
-            acc = tl.dot(d_o.to(dt).to(DOT), tl.load(w_tile + S * K, mask=w_mask, other=0.0).to(DOT), acc=acc,
-                         input_precision=PRECISION)
-            acc = tl.dot(d_z.to(dt).to(DOT), tl.load(w_tile + 2 * S * K, mask=w_mask, other=0.0).to(DOT), acc=acc,
-                         input_precision=PRECISION)
-        tl.store(grad_X_ptr + rows[:, None] * K + n_cols[None, :], acc,
+            w_i = tl.load(w_tile, mask=w_mask, other=0.0).to(DOT)
+            w_o = tl.load(w_tile + S * K, mask=w_mask, other=0.0).to(DOT)
+            w_z = tl.load(w_tile + 2 * S * K, mask=w_mask, other=0.0).to(DOT)
+            acc = tl.dot(pw.to_storage(d_i, w_ptr).to(DOT), w_i, acc=acc, input_precision=PRECISION)
+            acc = tl.dot(pw.to_storage(d_o, w_ptr).to(DOT), w_o, acc=acc, input_precision=PRECISION)
+            acc = tl.dot(pw.to_storage(d_z, w_ptr).to(DOT), w_z, acc=acc, input_precision=PRECISION)
+        tl.store(grad_X_ptr + rows[:, None] * K + n_cols[None, :], pw.to_storage(acc, grad_X_ptr),
                  mask=(rows < B)[:, None] & (n_cols < K)[None, :])
 
 

@@ -12,16 +12,22 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from ._config import INTERPRETER
+
 
 @triton.jit
 def sigmoid(x):
-    return 1.0 / (1.0 + tl.exp(-x))
+    # Through e^{-|x|}, which never overflows: 1 / (1 + e) for x >= 0, e / (1 + e) below.
+    e = tl.exp(-tl.abs(x))
+    return tl.where(x >= 0, 1.0, e) / (1.0 + e)
 
 
 @triton.jit
 def tanh(x):
-    # 1 - 2 / (e^{2x} + 1): e^{2x} overflowing to inf gives 1, underflowing to 0 gives -1, no NaN.
-    return 1.0 - 2.0 / (tl.exp(2.0 * x) + 1.0)
+    # sign(x) (1 - e) / (1 + e) with e = e^{-2|x|} in (0, 1]: no overflow, no NaN, exact 0 at 0.
+    e = tl.exp(-2.0 * tl.abs(x))
+    t = (1.0 - e) / (1.0 + e)
+    return tl.where(x >= 0, t, -t)
 
 
 @triton.jit
@@ -52,3 +58,24 @@ def cell_backward(i, o, z, tanh_c, grad_h, grad_c):
     d_o = grad_h * tanh_c * o * (1.0 - o)
     d_z = grad_new_c * i * tl.where(z > 0, 1.0, z + 1.0)
     return d_i, d_o, d_z, grad_new_c
+
+
+#: Under the interpreter (see to_storage).  A constexpr, so a GPU build compiles the branch away.
+_INTERPRETER = tl.constexpr(INTERPRETER)
+
+
+@triton.jit
+def to_storage(x, ptr):
+    """x converted to the element type of ``ptr``, rounded to nearest, ties to even, as a GPU converts.
+
+    Triton's interpreter truncates float32 -> bfloat16 instead (and its explicit "rtne" mode mishandles
+    the carry into the exponent), which would bias every stored bfloat16 towards zero.  There the
+    rounding is done on the float32 bits first, leaving the conversion exact.  Values stored or fed
+    to tl.dot in a storage dtype go through here.
+    """
+    if _INTERPRETER:
+        if ptr.dtype.element_ty == tl.bfloat16:
+            bits = x.to(tl.float32).to(tl.uint32, bitcast=True)
+            bits = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16
+            x = bits.to(tl.float32, bitcast=True)
+    return x.to(ptr.dtype.element_ty)

@@ -66,7 +66,7 @@ def _forward_resident(gx_ptr, w_ptr, h_in_ptr, c_in_ptr, len_ptr,
         gate = ((t - t_base) * B + rows[:, None]) * (3 * S) + cols[None, :]
         # h rounded to the storage dtype for the product, as the stored output (the next layer's
         # input, the backward's h_prev) is; c stays in the accumulator dtype.
-        h_dot = h.to(out_ptr.dtype.element_ty).to(DOT)
+        h_dot = pw.to_storage(h, out_ptr).to(DOT)
         pre_i = tl.dot(h_dot, w_i, acc=tl.load(gx_ptr + gate, mask=mask, other=0.0).to(ACC),
                        input_precision=PRECISION)
         pre_o = tl.dot(h_dot, w_o, acc=tl.load(gx_ptr + gate + S, mask=mask, other=0.0).to(ACC),
@@ -78,20 +78,20 @@ def _forward_resident(gx_ptr, w_ptr, h_in_ptr, c_in_ptr, len_ptr,
         if HAS_LENGTHS:
             # Rows past their length keep their state and output zeros.
             valid = (t < length)[:, None]
-            tl.store(out_ptr + out, tl.where(valid, new_h, 0.0), mask=mask)
+            tl.store(out_ptr + out, pw.to_storage(tl.where(valid, new_h, 0.0), out_ptr), mask=mask)
             h = tl.where(valid, new_h, h)
             c = tl.where(valid, new_c, c)
         else:
-            tl.store(out_ptr + out, new_h, mask=mask)
+            tl.store(out_ptr + out, pw.to_storage(new_h, out_ptr), mask=mask)
             h = new_h
             c = new_c
         if SAVE:
-            tl.store(gx_ptr + gate, i, mask=mask)
-            tl.store(gx_ptr + gate + S, o, mask=mask)
-            tl.store(gx_ptr + gate + 2 * S, z, mask=mask)
-            tl.store(tanh_c_ptr + out, tanh_c, mask=mask)
-    tl.store(h_out_ptr + state, h, mask=mask)
-    tl.store(c_out_ptr + state, c, mask=mask)
+            tl.store(gx_ptr + gate, pw.to_storage(i, gx_ptr), mask=mask)
+            tl.store(gx_ptr + gate + S, pw.to_storage(o, gx_ptr), mask=mask)
+            tl.store(gx_ptr + gate + 2 * S, pw.to_storage(z, gx_ptr), mask=mask)
+            tl.store(tanh_c_ptr + out, pw.to_storage(tanh_c, tanh_c_ptr), mask=mask)
+    tl.store(h_out_ptr + state, pw.to_storage(h, h_out_ptr), mask=mask)
+    tl.store(c_out_ptr + state, pw.to_storage(c, c_out_ptr), mask=mask)
 
 
 @triton.jit
@@ -131,7 +131,8 @@ def _forward_streaming(gx_ptr, w_ptr, h_in_ptr, c_in_ptr, len_ptr,
                 ks = k0 + tl.arange(0, BLOCK_K)
                 k_ok = ks < S
                 h_k = tl.load(h_read + rows[:, None] * S + ks[None, :], mask=row_ok[:, None] & k_ok[None, :],
-                              other=0.0).to(out_ptr.dtype.element_ty).to(DOT)
+                              other=0.0)
+                h_k = pw.to_storage(h_k, out_ptr).to(DOT)
                 w = w_ptr + cols[None, :] * (S + I) + ks[:, None]
                 w_mask = col_ok[None, :] & k_ok[:, None]
                 pre_i = tl.dot(h_k, tl.load(w, mask=w_mask, other=0.0).to(DOT), acc=pre_i,
@@ -145,26 +146,26 @@ def _forward_streaming(gx_ptr, w_ptr, h_in_ptr, c_in_ptr, len_ptr,
             out = t * B * S + state
             if HAS_LENGTHS:
                 valid = (t < length)[:, None]
-                tl.store(out_ptr + out, tl.where(valid, new_h, 0.0), mask=mask)
+                tl.store(out_ptr + out, pw.to_storage(tl.where(valid, new_h, 0.0), out_ptr), mask=mask)
                 new_h = tl.where(valid, new_h, tl.load(h_read + state, mask=mask, other=0.0))
                 new_c = tl.where(valid, new_c, c)
             else:
-                tl.store(out_ptr + out, new_h, mask=mask)
+                tl.store(out_ptr + out, pw.to_storage(new_h, out_ptr), mask=mask)
             tl.store(h_write + state, new_h, mask=mask)
             tl.store(c_buf_ptr + state, new_c, mask=mask)
             if SAVE:
-                tl.store(gx_ptr + gate, i, mask=mask)
-                tl.store(gx_ptr + gate + S, o, mask=mask)
-                tl.store(gx_ptr + gate + 2 * S, z, mask=mask)
-                tl.store(tanh_c_ptr + out, tanh_c, mask=mask)
+                tl.store(gx_ptr + gate, pw.to_storage(i, gx_ptr), mask=mask)
+                tl.store(gx_ptr + gate + S, pw.to_storage(o, gx_ptr), mask=mask)
+                tl.store(gx_ptr + gate + 2 * S, pw.to_storage(z, gx_ptr), mask=mask)
+                tl.store(tanh_c_ptr + out, pw.to_storage(tanh_c, tanh_c_ptr), mask=mask)
         tl.debug_barrier()  # this step's h, written by some threads, is read by others next step
     h_last = h_buf_ptr + (n_steps % 2) * B * S
     for s0 in range(0, S, BLOCK_S):
         cols = s0 + tl.arange(0, BLOCK_S)
         mask = row_ok[:, None] & (cols < S)[None, :]
         state = rows[:, None] * S + cols[None, :]
-        tl.store(h_out_ptr + state, tl.load(h_last + state, mask=mask, other=0.0), mask=mask)
-        tl.store(c_out_ptr + state, tl.load(c_buf_ptr + state, mask=mask, other=0.0), mask=mask)
+        tl.store(h_out_ptr + state, pw.to_storage(tl.load(h_last + state, mask=mask), h_out_ptr), mask=mask)
+        tl.store(c_out_ptr + state, pw.to_storage(tl.load(c_buf_ptr + state, mask=mask), c_out_ptr), mask=mask)
 
 
 # --- backward -----------------------------------------------------------------
@@ -217,9 +218,9 @@ def _backward_resident(grad_out_ptr, grad_h_n_ptr, grad_c_n_ptr, w_ptr, gates_pt
             d_z = tl.where(valid, d_z, 0.0)
         # d_gates rounded to the storage dtype once: what is stored for the weight GEMMs is also
         # what flows back through W_h.
-        d_i = d_i.to(d_gates_ptr.dtype.element_ty)
-        d_o = d_o.to(d_gates_ptr.dtype.element_ty)
-        d_z = d_z.to(d_gates_ptr.dtype.element_ty)
+        d_i = pw.to_storage(d_i, d_gates_ptr)
+        d_o = pw.to_storage(d_o, d_gates_ptr)
+        d_z = pw.to_storage(d_z, d_gates_ptr)
         tl.store(d_gates_ptr + gate, d_i, mask=mask)
         tl.store(d_gates_ptr + gate + S, d_o, mask=mask)
         tl.store(d_gates_ptr + gate + 2 * S, d_z, mask=mask)
@@ -232,8 +233,8 @@ def _backward_resident(grad_out_ptr, grad_h_n_ptr, grad_c_n_ptr, w_ptr, gates_pt
         else:
             grad_h = new_grad_h
             grad_c = grad_new_c
-    tl.store(grad_h0_ptr + state, grad_h, mask=mask)
-    tl.store(grad_c0_ptr + state, grad_c, mask=mask)
+    tl.store(grad_h0_ptr + state, pw.to_storage(grad_h, grad_h0_ptr), mask=mask)
+    tl.store(grad_c0_ptr + state, pw.to_storage(grad_c, grad_c0_ptr), mask=mask)
 
 
 @triton.jit
@@ -276,9 +277,9 @@ def _backward_streaming(grad_out_ptr, grad_h_n_ptr, grad_c_n_ptr, w_ptr, gates_p
                 d_o = tl.where(valid, d_o, 0.0)
                 d_z = tl.where(valid, d_z, 0.0)
                 grad_new_c = tl.where(valid, grad_new_c, grad_c)
-            tl.store(d_gates_ptr + gate, d_i, mask=mask)
-            tl.store(d_gates_ptr + gate + S, d_o, mask=mask)
-            tl.store(d_gates_ptr + gate + 2 * S, d_z, mask=mask)
+            tl.store(d_gates_ptr + gate, pw.to_storage(d_i, d_gates_ptr), mask=mask)
+            tl.store(d_gates_ptr + gate + S, pw.to_storage(d_o, d_gates_ptr), mask=mask)
+            tl.store(d_gates_ptr + gate + 2 * S, pw.to_storage(d_z, d_gates_ptr), mask=mask)
             tl.store(gc_buf_ptr + state, grad_new_c, mask=mask)
         tl.debug_barrier()  # pass 2 reads d_gates other threads wrote
         for k0 in range(0, S, BLOCK_K):
@@ -311,8 +312,9 @@ def _backward_streaming(grad_out_ptr, grad_h_n_ptr, grad_c_n_ptr, w_ptr, gates_p
         cols = s0 + tl.arange(0, BLOCK_S)
         mask = row_ok[:, None] & (cols < S)[None, :]
         state = rows[:, None] * S + cols[None, :]
-        tl.store(grad_h0_ptr + state, tl.load(g_last + state, mask=mask, other=0.0), mask=mask)
-        tl.store(grad_c0_ptr + state, tl.load(gc_buf_ptr + state, mask=mask, other=0.0), mask=mask)
+        tl.store(grad_h0_ptr + state, pw.to_storage(tl.load(g_last + state, mask=mask), grad_h0_ptr), mask=mask)
+        tl.store(grad_c0_ptr + state, pw.to_storage(tl.load(gc_buf_ptr + state, mask=mask), grad_c0_ptr),
+                 mask=mask)
 
 
 # --- wrappers -----------------------------------------------------------------
