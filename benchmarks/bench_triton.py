@@ -14,7 +14,8 @@ lltm_triton/_policy.py can be revised from the figures), triton's agreement with
 float64, then the forward (inputs requiring grad, so the saved tensors are written) and the
 forward+backward, as device time per call (bench_gpu.py's method: CUDA events over back-to-back
 calls, candidates interleaved).  triton is named explicitly, so it runs even where should_run
-declines: those rows measure what the decline avoids.
+declines: those rows measure what the decline avoids.  Last, the cell (one step) at B16 I32 S128
+against lltm-cuda's, forward+backward.
 
 Without a GPU it prints should_run's verdicts on these shapes (pure arithmetic) and exits 0.
 """
@@ -69,22 +70,8 @@ def choice(size, dtype) -> str:
     return f"lltm-core chooses {chosen}; triton {triton}"
 
 
-def agreement(size, dtype) -> float:
-    from bench_gpu import sequence_inputs
-    from lltm_core.testing import max_rel_error
-
-    inputs = [t.detach().requires_grad_() for t in sequence_inputs(size, dtype)]
-    got = lltm_core.lltm_sequence(*inputs, backend="triton")
-    upstream = [torch.randn(t.shape, dtype=torch.float64, device="cuda") for t in got]
-    grads = torch.autograd.grad(got, inputs, [u.to(dtype) for u in upstream])
-    ref_inputs = [t.detach().double().requires_grad_() for t in inputs]
-    want = lltm_core.lltm_sequence(*ref_inputs, backend="ref")
-    want_grads = torch.autograd.grad(want, ref_inputs, upstream)
-    return max(max_rel_error(g, w) for g, w in zip((*got, *grads), (*want, *want_grads)))
-
-
 def run(args) -> list[str]:
-    from bench_gpu import cudnn_used, interleaved_device_ms, sequence_inputs, verdict
+    from bench_gpu import cudnn_used, interleaved_device_ms, sequence_agreement, sequence_inputs, verdict
     from lltm_core.testing import tolerance
 
     lltm_core.get_backend("triton", device="cuda", dtype=torch.float32)  # raises with the reason
@@ -101,7 +88,7 @@ def run(args) -> list[str]:
             T, B, I, S = size
             where = f"T{T} B{B} I{I} S{S}"
             notes.append(f"- {where} {mode}: {choice(size, dtype)}")
-            error = agreement(size, dtype)
+            error = sequence_agreement(size, dtype, backend="triton")
             bound = TF32_TOLERANCE if mode == "float32 TF32" else tolerance(dtype)
             print(f"{where} {mode}: lltm-triton vs lltm-ref in float64, largest relative error {error:.2e}", flush=True)
             if not error <= bound:
@@ -133,7 +120,33 @@ def run(args) -> list[str]:
                                  f"{ratio:.3f} | {f'<= {target}' if target else '-'} | "
                                  f"{verdict(ratio, target) if target else '-'} |")
             print(table[-1], flush=True)
-    return lines + table + ["", "Choices (lltm_core.explain, with a backward):", ""] + notes
+    return lines + table + ["", "Choices (lltm_core.explain, with a backward):", ""] + notes + cell_rows(args, have_cuda)
+
+
+def cell_rows(args, have_cuda) -> list[str]:
+    """One step at B16 I32 S128, forward+backward: lltm-triton's one launch each way, from Triton's Python
+    launcher, against lltm-cuda's C++ operators (GEMM on cuBLAS): whether _policy's CELL_MACS default holds."""
+    from bench_gpu import interleaved_device_ms, make_state, make_weights
+
+    if not have_cuda:
+        return ["", "The cell: not compared (lltm-cuda not available)."]
+    lines = ["", "The cell at B16 I32 S128, forward+backward (device time per call, launch gaps included):", "",
+             "| dtype | lltm-triton | lltm-cuda | ratio |", "| --- | --- | --- | --- |"]
+    set_tf32(True)
+    for dtype in (torch.bfloat16, torch.float32):
+        x, h, c = (t.detach().to(dtype).requires_grad_() for t in make_state((16, 32, 128)))
+        weights, bias = (t.to(dtype).requires_grad_() for t in make_weights((16, 32, 128)))
+
+        def step(name):
+            def run():
+                new_h, new_c = lltm_core.lltm(x, weights, bias, h, c, backend=name)
+                (new_h.sum() + new_c.sum()).backward()
+            return run
+
+        times = interleaved_device_ms({"triton": step("triton"), "cuda": step("cuda")}, args.rounds, args.calls * 4)
+        lines.append(f"| {str(dtype)[6:]} | {times['triton']:.3f} ms | {times['cuda']:.3f} ms | "
+                     f"{times['triton'] / times['cuda']:.3f} |")
+    return lines
 
 
 def main(argv=None) -> int:

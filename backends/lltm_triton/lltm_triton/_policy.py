@@ -27,7 +27,10 @@ would run in waves, each the whole sequence long, so should_run declines those t
 
 For the cell, a single step, the Triton kernel is one launch against lltm-cuda's two, with untuned
 tiles against cuBLAS's tuned GEMM: it is expected to win while the step is launch-bound, which is
-taken to be up to CELL_MACS = 2^26 multiply-adds (B · 3S · (S + I): B16 I32 S128 is 2^20).
+taken to be up to CELL_MACS = 2^26 multiply-adds (B · 3S · (S + I): B16 I32 S128 is 2^20).  The
+least certain default here: Triton launches from Python, whose launcher costs more host time than
+lltm-cuda's C++ operator call, so at that size the two may be close; bench_triton.py's cell rows
+are there to settle it.
 """
 
 from __future__ import annotations

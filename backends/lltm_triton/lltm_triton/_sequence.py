@@ -30,6 +30,7 @@ import math
 import torch
 import triton
 import triton.language as tl
+from lltm_ref import sequence_gemm_gradients  # lltm-ref comes with lltm-core
 
 from . import _pointwise as pw
 from ._config import accumulator, block, dot_dtype, dot_precision
@@ -95,6 +96,18 @@ def _forward_resident(gx_ptr, w_ptr, h_in_ptr, c_in_ptr, len_ptr,
 
 
 @triton.jit
+def _copy_rows(a_src, a_dst, b_src, b_dst, rows, B, S, BLOCK_S: tl.constexpr):
+    """Copy this program's rows of two (B, S) tensors, tile by tile, converting to the destinations'
+    dtypes: the streaming kernels' state into their float32 workspace before the loop, and out after."""
+    for s0 in range(0, S, BLOCK_S):
+        cols = s0 + tl.arange(0, BLOCK_S)
+        mask = (rows < B)[:, None] & (cols < S)[None, :]
+        state = rows[:, None] * S + cols[None, :]
+        tl.store(a_dst + state, pw.to_storage(tl.load(a_src + state, mask=mask), a_dst), mask=mask)
+        tl.store(b_dst + state, pw.to_storage(tl.load(b_src + state, mask=mask), b_dst), mask=mask)
+
+
+@triton.jit
 def _forward_streaming(gx_ptr, w_ptr, h_in_ptr, c_in_ptr, len_ptr,
                        out_ptr, h_out_ptr, c_out_ptr, tanh_c_ptr, h_buf_ptr, c_buf_ptr,
                        t_first, n_steps, step, t_base, B, I, S,
@@ -105,12 +118,7 @@ def _forward_streaming(gx_ptr, w_ptr, h_in_ptr, c_in_ptr, len_ptr,
     # each element read and written by the same thread.
     rows = tl.program_id(0) * BLOCK_B + tl.arange(0, BLOCK_B)
     row_ok = rows < B
-    for s0 in range(0, S, BLOCK_S):
-        cols = s0 + tl.arange(0, BLOCK_S)
-        mask = row_ok[:, None] & (cols < S)[None, :]
-        state = rows[:, None] * S + cols[None, :]
-        tl.store(h_buf_ptr + state, tl.load(h_in_ptr + state, mask=mask, other=0.0).to(ACC), mask=mask)
-        tl.store(c_buf_ptr + state, tl.load(c_in_ptr + state, mask=mask, other=0.0).to(ACC), mask=mask)
+    _copy_rows(h_in_ptr, h_buf_ptr, c_in_ptr, c_buf_ptr, rows, B, S, BLOCK_S)
     tl.debug_barrier()
     if HAS_LENGTHS:
         length = tl.load(len_ptr + rows, mask=row_ok, other=0)
@@ -159,13 +167,7 @@ def _forward_streaming(gx_ptr, w_ptr, h_in_ptr, c_in_ptr, len_ptr,
                 tl.store(gx_ptr + gate + 2 * S, pw.to_storage(z, gx_ptr), mask=mask)
                 tl.store(tanh_c_ptr + out, pw.to_storage(tanh_c, tanh_c_ptr), mask=mask)
         tl.debug_barrier()  # this step's h, written by some threads, is read by others next step
-    h_last = h_buf_ptr + (n_steps % 2) * B * S
-    for s0 in range(0, S, BLOCK_S):
-        cols = s0 + tl.arange(0, BLOCK_S)
-        mask = row_ok[:, None] & (cols < S)[None, :]
-        state = rows[:, None] * S + cols[None, :]
-        tl.store(h_out_ptr + state, pw.to_storage(tl.load(h_last + state, mask=mask), h_out_ptr), mask=mask)
-        tl.store(c_out_ptr + state, pw.to_storage(tl.load(c_buf_ptr + state, mask=mask), c_out_ptr), mask=mask)
+    _copy_rows(h_buf_ptr + (n_steps % 2) * B * S, h_out_ptr, c_buf_ptr, c_out_ptr, rows, B, S, BLOCK_S)
 
 
 # --- backward -----------------------------------------------------------------
@@ -248,12 +250,7 @@ def _backward_streaming(grad_out_ptr, grad_h_n_ptr, grad_c_n_ptr, w_ptr, gates_p
     # writes d_gates (pass 1), then, after a barrier, reads all of them back for d_h_prev (pass 2).
     rows = tl.program_id(0) * BLOCK_B + tl.arange(0, BLOCK_B)
     row_ok = rows < B
-    for s0 in range(0, S, BLOCK_S):
-        cols = s0 + tl.arange(0, BLOCK_S)
-        mask = row_ok[:, None] & (cols < S)[None, :]
-        state = rows[:, None] * S + cols[None, :]
-        tl.store(g_buf_ptr + state, tl.load(grad_h_n_ptr + state, mask=mask, other=0.0).to(ACC), mask=mask)
-        tl.store(gc_buf_ptr + state, tl.load(grad_c_n_ptr + state, mask=mask, other=0.0).to(ACC), mask=mask)
+    _copy_rows(grad_h_n_ptr, g_buf_ptr, grad_c_n_ptr, gc_buf_ptr, rows, B, S, BLOCK_S)
     tl.debug_barrier()
     if HAS_LENGTHS:
         length = tl.load(len_ptr + rows, mask=row_ok, other=0)
@@ -307,14 +304,7 @@ def _backward_streaming(grad_out_ptr, grad_h_n_ptr, grad_c_n_ptr, w_ptr, gates_p
                 acc = tl.where(valid, acc, tl.load(g_read + k_state, mask=k_mask, other=0.0))
             tl.store(g_write + k_state, acc, mask=k_mask)
         tl.debug_barrier()  # the next step reads this d_h from other threads
-    g_last = g_buf_ptr + (n_steps % 2) * B * S
-    for s0 in range(0, S, BLOCK_S):
-        cols = s0 + tl.arange(0, BLOCK_S)
-        mask = row_ok[:, None] & (cols < S)[None, :]
-        state = rows[:, None] * S + cols[None, :]
-        tl.store(grad_h0_ptr + state, pw.to_storage(tl.load(g_last + state, mask=mask), grad_h0_ptr), mask=mask)
-        tl.store(grad_c0_ptr + state, pw.to_storage(tl.load(gc_buf_ptr + state, mask=mask), grad_c0_ptr),
-                 mask=mask)
+    _copy_rows(g_buf_ptr + (n_steps % 2) * B * S, grad_h0_ptr, gc_buf_ptr, grad_c0_ptr, rows, B, S, BLOCK_S)
 
 
 # --- wrappers -----------------------------------------------------------------
@@ -374,24 +364,23 @@ def sequence_forward(input, weights, bias, h0, c0, lengths, reverse, needs_backw
     # No backward: nothing saved, and the projection runs in chunks of steps through one reused
     # buffer, so the workspace is bounded whatever T is.  Between chunks the state waits in float32
     # (float64 for float64), as it would on chip.
+    # One (B, S) pair serves as both a chunk's end state and the next one's start: a program reads its
+    # rows' state before its loop and writes it after, touching no other rows.
     chunk = _projection_chunk(T, B)
     buffer = input.new_empty(chunk, B, 3 * S)
-    state_dtype = _state_dtype(input.dtype)
-    state = [(h0, c0)]
     starts = list(range(0, T, chunk))
+    state = (h0, c0)
+    between = [torch.empty(B, S, device=input.device, dtype=_state_dtype(input.dtype)) for _ in range(2)]
     for index, start in enumerate(reversed(starts) if reverse else starts):
         stop = min(T, start + chunk)
         n = stop - start
         gates = buffer[:n]
         torch.addmm(bias, x2d[start * B: stop * B], w_x.t(), out=gates.view(n * B, 3 * S))
-        last = index == len(starts) - 1
-        h_out, c_out = (h_n, c_n) if last else (torch.empty(B, S, device=input.device, dtype=state_dtype)
-                                                for _ in range(2))
-        h_in, c_in = state[-1]
-        kernel[grid](gates, weights, h_in, c_in, lengths_arg, output, h_out, c_out, empty, *work,
+        end = (h_n, c_n) if index == len(starts) - 1 else between
+        kernel[grid](gates, weights, *state, lengths_arg, output, *end, empty, *work,
                      stop - 1 if reverse else start, n, -1 if reverse else 1, start, B, I, S,
                      HAS_LENGTHS=has_lengths, SAVE=False, **meta)
-        state.append((h_out, c_out))
+        state = end
     return output, h_n, c_n, empty, empty
 
 
@@ -399,7 +388,6 @@ def sequence_backward(grad_output, grad_h_n, grad_c_n, weights, input, h0, outpu
                       reverse, needs_grad_input):
     T, B, I = input.shape
     S = h0.shape[1]
-    w_x = weights[:, S:]
     grad_output, grad_h_n, grad_c_n = (g.contiguous() for g in (grad_output, grad_h_n, grad_c_n))
     d_gates = input.new_empty(T, B, 3 * S)
     grad_h0, grad_c0 = torch.empty_like(h0), torch.empty_like(h0)
@@ -414,16 +402,6 @@ def sequence_backward(grad_output, grad_h_n, grad_c_n, weights, input, h0, outpu
             grad_output, grad_h_n, grad_c_n, weights, gates, tanh_cell, lengths if has_lengths else h0,
             d_gates, grad_h0, grad_c0, *work, 0 if reverse else T - 1, T, 1 if reverse else -1, B, I, S,
             HAS_LENGTHS=has_lengths, **meta)
-    # The state each step started from: the previous step's output, or h0 for the first.
-    if reverse:
-        h_prev = torch.cat([output[1:], h0.unsqueeze(0)])
-        if lengths is not None:  # a reversed row starts at its own last step, from h0
-            starts_later = lengths.unsqueeze(0) > torch.arange(1, T + 1, device=lengths.device).unsqueeze(1)
-            h_prev = torch.where(starts_later.unsqueeze(2), h_prev, h0)
-    else:
-        h_prev = torch.cat([h0.unsqueeze(0), output[:-1]])
-    d_gates_2d = d_gates.view(T * B, 3 * S)
-    grad_weights = torch.cat([d_gates_2d.t().mm(h_prev.reshape(T * B, S)), d_gates_2d.t().mm(input.view(T * B, I))],
-                             dim=1)
-    grad_input = d_gates_2d.mm(w_x).view(T, B, I) if needs_grad_input else weights.new_empty(0)
-    return grad_input, grad_weights, d_gates_2d.sum(0), grad_h0, grad_c0
+    # Then the weight, input and bias gradients over all T*B rows at once, as lltm-ref ends its backward.
+    return (*sequence_gemm_gradients(d_gates, weights, input, h0, output, lengths, reverse, needs_grad_input),
+            grad_h0, grad_c0)
