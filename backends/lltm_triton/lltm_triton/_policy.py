@@ -86,7 +86,8 @@ def can_run(call) -> bool | str:
 
 def should_run(call) -> bool | str:
     if call.device_type == "cpu":
-        return "on the CPU it runs under Triton's interpreter (TRITON_INTERPRET=1): a correctness check, not a fast path"
+        return ("on the CPU it runs under Triton's interpreter (TRITON_INTERPRET=1): a correctness check, "
+                "not a fast path")
     B, I, S = call.batch, call.input_features, call.state_size
     if call.op == "cell":
         macs = B * 3 * S * (S + I)

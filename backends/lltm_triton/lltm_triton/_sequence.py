@@ -352,6 +352,7 @@ def sequence_forward(input, weights, bias, h0, c0, lengths, reverse, needs_backw
     work = _workspace(B, S, input) if streaming else ()
     grid = (triton.cdiv(B, BLOCK_B),)
     has_lengths = lengths is not None
+    # Pointers a kernel never touches still need a real allocation (an empty tensor's may be null).
     lengths_arg = lengths if has_lengths else h0  # never read without HAS_LENGTHS
     x2d = input.view(T * B, I)
     if needs_backward:
@@ -377,7 +378,7 @@ def sequence_forward(input, weights, bias, h0, c0, lengths, reverse, needs_backw
         gates = buffer[:n]
         torch.addmm(bias, x2d[start * B: stop * B], w_x.t(), out=gates.view(n * B, 3 * S))
         end = (h_n, c_n) if index == len(starts) - 1 else between
-        kernel[grid](gates, weights, *state, lengths_arg, output, *end, empty, *work,
+        kernel[grid](gates, weights, *state, lengths_arg, output, *end, output, *work,  # tanh_c: not written
                      stop - 1 if reverse else start, n, -1 if reverse else 1, start, B, I, S,
                      HAS_LENGTHS=has_lengths, SAVE=False, **meta)
         state = end

@@ -17,7 +17,8 @@ import torch
 def pytest_configure(config):
     if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
         raise pytest.UsageError("lltm-triton's tests: no GPU here, so run them under Triton's interpreter: "
-                                "TRITON_INTERPRET=1 python -m pytest backends/lltm_triton/tests (as nox -s triton does)")
+                                "TRITON_INTERPRET=1 python -m pytest backends/lltm_triton/tests "
+                                "(as nox -s triton does)")
 
 
 def pytest_report_header(config):

@@ -29,7 +29,8 @@ def test_metadata(monkeypatch):
     assert backend.name == "triton"
     assert backend.dtypes == {torch.float16, torch.bfloat16, torch.float32, torch.float64}
     assert backend.interface_versions == (1, 2, 3) and backend.takes_needs_backward
-    assert backend.has_sequence_kernels and backend.can_run is _policy.can_run and backend.should_run is _policy.should_run
+    assert backend.has_sequence_kernels
+    assert backend.can_run is _policy.can_run and backend.should_run is _policy.should_run
     assert backend.saved_layout(2, 3, 5) == {"X": (2, 8), "gates": (2, 15), "tanh_cell": (2, 5)}
     assert backend.sequence_saved_layout(7, 2, 3, 5) == {"gates": (7, 2, 15), "tanh_cell": (7, 2, 5)}
     if lltm_triton.interpreting():

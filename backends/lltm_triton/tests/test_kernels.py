@@ -78,7 +78,8 @@ def _sequence_case(case, dtype, reverse):
 
 @pytest.mark.parametrize("reverse", [False, True], ids=["forward", "reverse"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("case", SEQUENCE_CASES, ids=lambda c: "T{}-B{}-I{}-S{}".format(*c[:4]) + ("-lengths" if c[4] else ""))
+@pytest.mark.parametrize("case", SEQUENCE_CASES,
+                         ids=lambda c: "T{}-B{}-I{}-S{}".format(*c[:4]) + ("-lengths" if c[4] else ""))
 def test_sequence(case, dtype, reverse, variant):
     inputs, lengths = _sequence_case(case, dtype, reverse)
     got = _sequence.sequence_forward(*inputs, lengths, reverse, True)

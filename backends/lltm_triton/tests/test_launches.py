@@ -75,7 +75,8 @@ def test_sequence_launches_do_not_grow_with_T(launches, reverse, lengths):
     ops_long = _forward_backward(32, reverse, lengths)
     assert short == dict(launches), f"Triton launches at T=4 {short}, at T=32 {dict(launches)}"
     assert short == {"_forward_resident": 1, "_backward_resident": 1}, short
-    assert ops_short == ops_long, f"torch operators differ between T=4 and T=32: {ops_short - ops_long} vs {ops_long - ops_short}"
+    assert ops_short == ops_long, (f"torch operators differ between T=4 and T=32: {ops_short - ops_long} "
+                                   f"vs {ops_long - ops_short}")
 
 
 def test_inference_is_one_launch(launches):
