@@ -25,7 +25,6 @@ which is this call's own, and tanh(c_t) (T, B, S).
 
 from __future__ import annotations
 
-import math
 
 import torch
 import triton
@@ -331,9 +330,15 @@ def _workspace(B: int, S: int, like: torch.Tensor) -> tuple:
     return torch.empty(2, B, S, device=like.device, dtype=dtype), torch.empty(B, S, device=like.device, dtype=dtype)
 
 
+#: Without a backward the input is projected this many rows (steps x batch) at a time, as lltm-ref
+#: does (its INFERENCE_CHUNK_ROWS): a GEMM as efficient as one over all steps, and at T512 B64 S512
+#: float32 a 12.6 MB buffer beside the 67 MB output.
+INFERENCE_CHUNK_ROWS = 2048
+
+
 def _projection_chunk(T: int, B: int) -> int:
-    """Steps per input-projection chunk without a backward: about 4096 rows a GEMM, at most T."""
-    return max(1, min(T, math.ceil(4096 / max(B, 1))))
+    """Steps per input-projection chunk without a backward: INFERENCE_CHUNK_ROWS rows a GEMM, at most T."""
+    return max(1, min(T, INFERENCE_CHUNK_ROWS // max(B, 1)))
 
 
 def sequence_forward(input, weights, bias, h0, c0, lengths, reverse, needs_backward=True):

@@ -120,7 +120,7 @@ def test_inference_saves_nothing_and_chunks(dtype, reverse, variant, monkeypatch
 
 
 def test_projection_chunk_rows():
-    assert _sequence._projection_chunk(512, 64) == 64  # 4096 rows a GEMM
+    assert _sequence._projection_chunk(512, 64) == 32  # 2048 rows a GEMM
     assert _sequence._projection_chunk(3, 64) == 3
     assert _sequence._projection_chunk(10, 10000) == 1
 
