@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import random
 import shutil
 import tempfile
 from pathlib import Path
@@ -38,7 +39,7 @@ WHEELHOUSE = ROOT / "wheelhouse"
 nox.options.default_venv_backend = "venv"
 nox.options.reuse_venv = "no"
 nox.options.error_on_missing_interpreters = True
-nox.options.sessions = ["core", "ref", "cpu", "cuda", "wheels", "triton"]
+nox.options.sessions = ["core", "ref", "cpu", "cuda", "cuda_emulated", "wheels", "triton"]
 
 
 def _session(func):
@@ -128,6 +129,41 @@ def cuda(session):
     session.run("python", "-c", "from lltm_cuda import _build_info as b; "
                 "print('lltm-cuda was built with the CUDA toolkit at', b.CUDA_HOME)")
     session.run("lltm", "info")
+    _pytest(session, str(ROOT / "backends/lltm_cuda/tests"))
+
+
+# The emulated GPU the cuda_emulated session runs on: 3 multiprocessors of one 8-thread block, so
+# 24 threads share every launch and the grid-stride loops go round (rows cross strides at odd
+# sizes too), and the threads run in a shuffled order, a new one each launch, so that a result
+# depending on the order (a race on a GPU) differs.  The seed is fresh each run, printed, and
+# LLTM_CUDA_EMULATE_SEED=N repeats it.
+CUDA_EMULATION = {
+    "LLTM_CUDA_EMULATE_MULTIPROCESSORS": "3",
+    "LLTM_CUDA_EMULATE_BLOCKS_PER_MULTIPROCESSOR": "1",
+    "LLTM_CUDA_EMULATE_THREADS_PER_BLOCK": "8",
+    "LLTM_CUDA_EMULATE_ORDER": "shuffle",
+}
+
+
+@_session
+def cuda_emulated(session):
+    """lltm-cuda's own kernels and host code on the CPU: its .cu sources compiled as C++ with every
+    launch run serially (LLTM_CUDA_EMULATE=1, the test-only backend cuda_emulated), then the kit in
+    every dtype lltm-cuda declares, lltm-cuda's tests that need no device, and the planted defects.
+
+    What this cannot see (the device, cuBLAS, real concurrency, streams) is the GPU check's:
+    benchmarks/gpu_check.sh.
+    """
+    _setup(session, TORCH_CPU, ".", "./backends/lltm_ref")
+    with _source_tree_build_info_untouched(session):
+        session.install("--no-build-isolation", "--no-deps", "./backends/lltm_cuda",
+                        env={"LLTM_CUDA_EMULATE": "1", "MAX_JOBS": os.environ.get("MAX_JOBS", "2")})
+    session.run("python", "-m", "pip", "check")
+    seed = os.environ.get("LLTM_CUDA_EMULATE_SEED") or str(random.SystemRandom().randrange(2**31))
+    session.log(f"emulated thread order: shuffled with seed {seed} (LLTM_CUDA_EMULATE_SEED={seed} repeats it)")
+    session.env.update({**CUDA_EMULATION, "LLTM_CUDA_EMULATE_SEED": seed, "LLTM_CUDA_TEST_EMULATED": "1"})
+    session.run("lltm", "info")
+    _pytest(session, "--pyargs", "lltm_core.testing", "--lltm-backend", "cuda_emulated")
     _pytest(session, str(ROOT / "backends/lltm_cuda/tests"))
 
 

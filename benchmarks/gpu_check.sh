@@ -4,7 +4,11 @@
 # whatever CUDA_HOME the machine has: unset, setup.py finds the toolkit itself, as for a user),
 # run the conformance kit (the cell and the sequence) on CUDA in all four dtypes, lltm-cuda's
 # own GPU tests, and benchmarks/bench_gpu.py: the sequence against cuDNN's nn.LSTM (with the
-# CUDA-graph launch-cost measurement), then the cell.
+# CUDA-graph launch-cost measurement, and contract v3's inference: a torch.no_grad() forward
+# against nn.LSTM's and the peak GPU memory it adds, held to 1.25x input + output), then the cell.
+# The kit and lltm-cuda's tests check v3 too (needs_backward=False, the inference memory bound).
+# What the emulated build (nox -s cuda_emulated) already checks on the CPU, this need not debug:
+# it is here for what only the device shows (cuBLAS, streams, real concurrency, alignment traps).
 #
 #   OUT=/some/dir bash benchmarks/gpu_check.sh      (from anywhere; OUT defaults to a temp dir)
 #

@@ -56,13 +56,15 @@ def lltm(input, weights, bias, old_h, old_cell, *, backend: str | Backend | None
 def _traced_call(op, device_type, dtype, backend, batch, input_features, state_size, steps, needs_backward):
     """The call tuple for select(), under torch.compile; None when the choice cannot depend on it.
 
-    Only a choice that depends on the call specializes the graph on the shape
-    (``int()`` of a symbolic size adds a guard): where no candidate declines
-    calls, dynamic shapes stay dynamic.
+    Only a choice that depends on the call specializes the graph on the shape:
+    where no candidate declines calls, dynamic shapes stay dynamic.
     """
     if not _depends_on_call(device_type, dtype, backend, _registry.compile_hint, _registry.compile_generation):
         return None
-    sizes = [int(d) for d in (batch, input_features, state_size) + ((steps,) if steps is not None else ())]
+    # Dynamo turns a symbolic size into a constant (guarding on its value, so another size
+    # retraces) when it is formatted; int() alone leaves it symbolic, which
+    # assume_constant_result cannot take.  The guard is the point: the choice depends on the size.
+    sizes = [int(f"{d}") for d in (batch, input_features, state_size) + ((steps,) if steps is not None else ())]
     return (op, *sizes[:3], sizes[3] if steps is not None else None, bool(needs_backward))
 
 

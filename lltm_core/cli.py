@@ -105,6 +105,14 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     info = sub.add_parser("info", help="what is installed, what is usable, and which backend each device/dtype gets")
     info.add_argument("--json", action="store_true", help="machine-readable output")
+    info.add_argument("--explain", choices=("cell", "sequence"), metavar="OP",
+                      help="instead, trace the choice of backend for one call: 'cell' or 'sequence' (needs --shape)")
+    info.add_argument("--shape", metavar="SIZES", help="with --explain: T,B,I,S for a sequence, B,I,S for the cell")
+    info.add_argument("--device", default="cpu", help="with --explain: the tensors' device (default: cpu)")
+    info.add_argument("--dtype", default="float32", choices=[str(d)[6:] for d in _DTYPES],
+                      help="with --explain: the tensors' dtype (default: float32)")
+    info.add_argument("--inference", action="store_true",
+                      help="with --explain: a call that needs no backward (torch.no_grad())")
     from . import bench
 
     bench.add_arguments(sub.add_parser("bench", help=bench.__doc__.splitlines()[0]))
@@ -119,6 +127,8 @@ def main(argv: list[str] | None = None) -> int:
 def _run(args) -> int:
     from . import bench
 
+    if args.command == "info" and (args.explain or args.shape):
+        return _explain(args)
     if args.command == "info":
         data = info_data()
         if args.json:
@@ -128,6 +138,33 @@ def _run(args) -> int:
             print_info(data)
         return 0
     return bench.run(args)
+
+
+def _explain(args) -> int:
+    """``lltm info --explain``: every backend's verdict on one call, best first, as select() reaches it."""
+    from .backend import Call
+
+    want = 4 if args.explain == "sequence" else 3
+    sizes = (args.shape or "").split(",")
+    if not args.explain or len(sizes) != want or not all(v.strip().isdigit() for v in sizes):
+        form = "T,B,I,S" if args.explain == "sequence" else "B,I,S"
+        print(f"lltm info: --explain {args.explain or 'cell|sequence'} needs --shape {form} "
+              f"(non-negative integers), got --shape {args.shape!r}", file=sys.stderr)
+        return 2
+    sizes = [int(v) for v in sizes]
+    steps, (batch, features, state) = (sizes[0], sizes[1:]) if want == 4 else (None, sizes)
+    call = Call(args.explain, torch.device(args.device).type, getattr(torch, args.dtype), batch, features, state,
+                steps, not args.inference)
+    trace = _registry.explain(call)
+    if args.json:
+        json.dump({"call": call.describe(), "trace": [t._asdict() for t in trace]}, sys.stdout, indent=2)
+        print()
+        return 0
+    print(f"Call: {call.describe()}")
+    print(table([[t.verdict, t.name, t.reason] for t in trace], ["verdict", "backend", "why"]))
+    chosen = [t.name for t in trace if t.verdict == "chosen"]
+    print(f"-> {chosen[0]}" if chosen else "-> no backend can run this call")
+    return 0 if chosen else 1
 
 
 if __name__ == "__main__":

@@ -152,7 +152,10 @@ class LLTMLayer(torch.nn.Module):
             layer_input = outputs[0] if directions == 1 else torch.cat(outputs, dim=2)
             if self.dropout and self.training and layer + 1 < self.num_layers:
                 layer_input = F.dropout(layer_input, self.dropout, training=True)
-        output, h_n, c_n = layer_input, torch.stack(h_n), torch.stack(c_n)
+        if len(h_n) == 1:  # one layer, one direction: a view, not a copy (and one autograd node fewer)
+            output, h_n, c_n = layer_input, h_n[0].unsqueeze(0), c_n[0].unsqueeze(0)
+        else:
+            output, h_n, c_n = layer_input, torch.stack(h_n), torch.stack(c_n)
 
         if isinstance(input, PackedSequence):
             return _repack_like(output, lengths, input), (h_n, c_n)

@@ -112,7 +112,16 @@ FAKE_MODULE = textwrap.dedent(
         *head, spare, reverse, needs_grad_input = args
         return lltm_ref.sequence_backward(*head, reverse, needs_grad_input)
 
+    def _seq_keeping_forward(input, weights, bias, h0, c0, lengths, reverse, needs_backward):
+        return lltm_ref.sequence_forward(input, weights, bias, h0, c0, lengths, reverse, True)  # ignores it
+
+    def _unsteady(call, _answers=iter(range(10**9))):
+        return next(_answers) % 2 == 0  # True, then False: not a function of the call
+
     def seq_wrong():       return _ref(name="seq_wrong", sequence_backward=_seq_wrong_backward)
+    def seq_keeping():     return _ref(name="seq_keeping", sequence_forward=_seq_keeping_forward)
+    def unsteady():        return _ref(name="unsteady", should_run=_unsteady)
+    def answers_none_kit(): return _ref(name="answers_none_kit", can_run=_answers_none)
     def seq_no_lengths():  return _ref(name="seq_no_lengths", sequence_forward=_seq_ignoring_lengths)
     def seq_aliasing():    return _ref(name="seq_aliasing", sequence_forward=_seq_aliasing_forward)
     def seq_hoarding():    return _ref(name="seq_hoarding", sequence_forward=_seq_hoarding_forward,

@@ -253,3 +253,39 @@ def test_compile_follows_the_per_call_choice(fake_backends, dynamic):
         out = compiled(*args)
         out[0].sum().backward()
     torch._dynamo.reset()
+
+
+def test_the_worked_example_in_writing_a_backend_runs_as_shown(tmp_path, monkeypatch, capsys):
+    """docs/writing-a-backend.md's declining backend, installed as an entry point, prints the trace shown there."""
+    import importlib
+    import re
+    from pathlib import Path
+
+    from conftest import write_distribution
+    from lltm_core.cli import main
+
+    doc = (Path(__file__).parents[1] / "docs" / "writing-a-backend.md").read_text()
+    section = doc[doc.index("A worked example"):]
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    console = re.search(r"```console\n\$ lltm (.*?)\n(.*?)```", section, re.S)
+    (tmp_path / "lltm_small_example.py").write_text(code)
+    write_distribution(tmp_path, "lltm-small-example", {"small": "lltm_small_example:load_backend"})
+    monkeypatch.syspath_prepend(str(tmp_path))
+    from importlib import metadata
+
+    real = metadata.entry_points
+    monkeypatch.setattr(metadata, "entry_points", lambda **sel: real(**sel) if sel.get("group") != "lltm.backends"
+                        else metadata.EntryPoints(ep for ep in real(**sel)
+                                                  if ep.dist.metadata["Name"] in ("lltm-ref", "lltm-small-example")))
+    importlib.invalidate_caches()
+    lltm_core.refresh()
+    try:
+        assert main(console.group(1).split()) == 0
+        shown = capsys.readouterr().out
+        assert shown == console.group(2), shown
+        x = make_inputs(2, 3, 4, dtype=torch.float64)
+        with pytest.raises(BackendError, match="cannot run cell B2 I3 S4, cpu float64.*no float64 cell kernel"):
+            lltm_core.lltm(*x, backend="small")
+    finally:
+        monkeypatch.undo()
+        lltm_core.refresh()

@@ -52,6 +52,30 @@ def test_info_says_which_backends_run_their_own_sequence_kernels(fake_backends, 
     assert rows["ref"][7] == "own" and rows["v1_only"][7] == "looped", rows
 
 
+def test_info_explain_traces_the_choice_for_one_call(fake_backends, capsys):
+    fake_backends("lltm-fake", {"small_only": "small_only", "gpu_only": "gpu_only"})
+    assert main(["info", "--explain", "sequence", "--shape", "64,16,32,128"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "Call: sequence T64 B16 I32 S128, cpu float32, with backward"
+    assert lines[1].split() == ["verdict", "backend", "why"]
+    body = [" ".join(line.split()) for line in lines[3:-1]]
+    assert body == [
+        "declined small_only priority 80; should_run: state_size 128 > 64: too big for this backend",
+        "chosen ref priority 0, the highest that accepts the call",
+        "not for this device/dtype gpu_only it runs on cuda, not cpu",
+    ], lines
+    assert lines[-1] == "-> ref"
+    assert main(["info", "--explain", "cell", "--shape", "16,32,64", "--inference"]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[0] == "Call: cell B16 I32 S64, cpu float32, inference" and out.endswith("-> small_only\n")
+    assert main(["info", "--explain", "sequence", "--shape", "16,32,64"]) == 2
+    assert "--explain sequence needs --shape T,B,I,S" in capsys.readouterr().err
+    assert main(["info", "--explain", "cell", "--shape", "1,2,3", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["trace"][0] == {"name": "small_only", "verdict": "chosen",
+                                "reason": "priority 80, the highest that accepts the call"}
+
+
 def test_bench_json_times_each_backend_beside_the_peers():
     out = _lltm("bench", "--json", "--iterations", "20", "--size", "3,4,5")
     assert out.returncode == 0, out.stderr

@@ -22,7 +22,8 @@ def fake_site(tmp_path_factory):
     site = tmp_path_factory.mktemp("site")
     (site / "lltm_fake_backends.py").write_text(FAKE_MODULE)
     names = ["wrong", "none_grad_x", "dense_only", "mutating", "aliasing", "bad_layout", "float32_only",
-             "v1_only", "seq_wrong", "seq_no_lengths", "seq_aliasing", "seq_hoarding"]
+             "v1_only", "seq_wrong", "seq_no_lengths", "seq_aliasing", "seq_hoarding", "seq_keeping", "unsteady",
+             "answers_none_kit"]
     write_distribution(site, "lltm-fake-broken", {n: f"lltm_fake_backends:{n}" for n in names})
     return site
 
@@ -49,6 +50,10 @@ def _kit(site, backend: str, *args: str) -> subprocess.CompletedProcess:
     ("seq_no_lengths", "test_lltm_sequence_matches_reference", "relative error above"),
     ("seq_aliasing", "test_sequence_kernels_keep_the_contract", "c_n shares memory with output"),
     ("seq_hoarding", "test_sequence_keeps_at_most_the_bound", "more than the bound (6S + I_k)"),
+    ("seq_keeping", "test_inference_forward_keeps_nothing", "saved slot 0 has shape (701, 3, 15), expected (0,)"),
+    ("unsteady", "test_per_call_answers_are_well_formed", "answered True, then False"),
+    ("answers_none_kit", "test_per_call_answers_are_well_formed",
+     "returned None: it must return True, False or a reason string"),
 ])
 def test_the_kit_catches_a_contract_breaker(fake_site, backend, failing_test, message):
     run = _kit(fake_site, backend, "-k", failing_test)

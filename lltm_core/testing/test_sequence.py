@@ -21,6 +21,7 @@ import lltm_core
 from lltm_core.testing import make_sequence_inputs, max_rel_error, reference_layer, reference_sequence
 from lltm_core.testing._kit import backend  # noqa: F401  (a fixture)
 from lltm_core.testing._kit import assert_close, check_returned, check_untouched, snapshot
+from lltm_core._sequence import run_forward
 
 # (name, T, B, I, S, num_layers, bidirectional, layout, lengths): layout is how the input reaches
 # LLTMLayer: "time" (T, B, I), "batch" (batch_first), "unbatched" (T, I), "packed" (a
@@ -180,7 +181,7 @@ def test_sequence_kernels_keep_the_contract(backend, lltm_device, lltm_dtype, re
     forward_args = {"input": x, "weights": weights, "bias": bias, "h0": h0, "c0": c0,
                     **({"lengths": lengths} if with_lengths else {})}
     before = snapshot(forward_args)
-    out = backend.sequence_forward(x, weights, bias, h0, c0, lengths, reverse)
+    out = run_forward(backend, x, weights, bias, h0, c0, lengths, reverse, True)
     what = f"{backend.name}.sequence_forward (reverse={reverse}, lengths={with_lengths})"
     check_returned(what, out, {"output": (T, B, S), "h_n": (B, S), "c_n": (B, S), **saved_shapes}, x, forward_args)
     check_untouched(what, forward_args, before)
@@ -203,6 +204,60 @@ def test_sequence_kernels_keep_the_contract(backend, lltm_device, lltm_dtype, re
     check_untouched(what, backward_args, before)
 
 
+def _requires_v3(backend):
+    _requires_sequence_kernels(backend)
+    if not backend.takes_needs_backward:
+        pytest.skip(f"backend {backend.name!r} implements interface {list(backend.interface_versions)}: its "
+                    f"sequence_forward takes no needs_backward (version 3), so lltm-core drops what it saves")
+
+
+@pytest.mark.parametrize("reverse", [False, True], ids=["forward", "reverse"])
+@pytest.mark.parametrize("with_lengths", [False, True], ids=["full", "lengths"])
+def test_inference_forward_keeps_nothing(backend, lltm_device, lltm_dtype, reverse, with_lengths):
+    """needs_backward=False: the same results as with a backward to follow, and every saved slot empty.
+
+    T·B = 2103 rows, more than one chunk of steps for a backend that projects the input 2048 rows
+    at a time (lltm-ref), with a last chunk shorter than the rest.
+    """
+    _requires_v3(backend)
+    T, B, I, S = 701, 3, 2, 5
+    x, weights, bias, h0, c0 = (t.detach() for t in make_sequence_inputs(T, B, I, S, dtype=lltm_dtype,
+                                                                          device=lltm_device))
+    lengths = torch.tensor([T, 1, 350], device=lltm_device) if with_lengths else None
+    forward_args = {"input": x, "weights": weights, "bias": bias, "h0": h0, "c0": c0,
+                    **({"lengths": lengths} if with_lengths else {})}
+    before = snapshot(forward_args)
+    out = backend.sequence_forward(x, weights, bias, h0, c0, lengths, reverse, False)
+    what = f"{backend.name}.sequence_forward (needs_backward=False, reverse={reverse}, lengths={with_lengths})"
+    n_saved = len(backend.sequence_saved_layout(T, B, I, S))
+    check_returned(what, out, {"output": (T, B, S), "h_n": (B, S), "c_n": (B, S),
+                               **{f"saved slot {i}": (0,) for i in range(n_saved)}}, x, forward_args)
+    check_untouched(what, forward_args, before)
+    want = run_forward(backend, x, weights, bias, h0, c0, lengths, reverse, True)
+    errors = {name: max_rel_error(got, w) for name, got, w in zip(("output", "h_n", "c_n"), out, want)}
+    assert_close(errors, lltm_dtype, f"{what} against needs_backward=True")
+
+
+def test_per_call_answers_are_well_formed(backend, lltm_device, lltm_dtype):
+    """can_run / should_run: True, False or a reason string, the same each time they are asked."""
+    if not backend.declines_calls:
+        pytest.skip(f"backend {backend.name!r} has no can_run or should_run: it runs every call it declares")
+    device_type = torch.device(lltm_device).type
+    calls = [lltm_core.Call(op, device_type, lltm_dtype, B, I, S, T if op == "sequence" else None, needs)
+             for op in ("cell", "sequence") for B, I, S, T in ((1, 1, 1, 1), (16, 32, 128, 64), (3, 7, 1031, 5),
+                                                                (256, 1024, 1024, 64), (0, 4, 8, 3))
+             for needs in (True, False)]
+    for question in ("can_run", "should_run"):
+        ask = getattr(backend, question)
+        if ask is None:
+            continue
+        for call in calls:
+            first, second = ask(call), ask(call)
+            assert first is True or first is False or isinstance(first, str), (
+                f"{backend.name}.{question}({call}) returned {first!r}: it must return True, False or a reason string")
+            assert first == second, f"{backend.name}.{question}({call}) answered {first!r}, then {second!r}"
+
+
 def test_sequence_opcheck(backend, lltm_device, lltm_dtype):
     """The sequence custom operators torch.compile sees: schema, fake kernels, autograd registration."""
     _requires_sequence_kernels(backend)
@@ -212,6 +267,9 @@ def test_sequence_opcheck(backend, lltm_device, lltm_dtype):
     inputs = make_sequence_inputs(3, 4, 2, 5, dtype=lltm_dtype, device=lltm_device)
     for lengths, reverse in ((None, False), (torch.tensor([3, 1, 2, 3], device=lltm_device), True)):
         torch.library.opcheck(forward_op, (*inputs, lengths, reverse, backend.name))
+        if backend.takes_needs_backward:  # the inference form: empty saved slots, in the fake kernel too
+            x, weights, bias, h0, c0 = (t.detach() for t in inputs)
+            torch.library.opcheck(forward_op, (x, weights, bias, h0, c0, lengths, reverse, backend.name, False))
         x, weights, bias, h0, c0 = (t.detach() for t in inputs)
         out = forward_op(x, weights, bias, h0, c0, lengths, reverse, backend.name)
         grads = [torch.randn_like(t) for t in out[:3]]
