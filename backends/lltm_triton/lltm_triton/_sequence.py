@@ -336,6 +336,11 @@ def _workspace(B: int, S: int, like: torch.Tensor) -> tuple:
 INFERENCE_CHUNK_ROWS = 2048
 
 
+def _no_saved(like: torch.Tensor) -> tuple:
+    """The saved slots of an inference call: empty, and two tensors, since custom-op outputs may not alias."""
+    return like.new_empty(0), like.new_empty(0)
+
+
 def _projection_chunk(T: int, B: int) -> int:
     """Steps per input-projection chunk without a backward: INFERENCE_CHUNK_ROWS rows a GEMM, at most T."""
     return max(1, min(T, INFERENCE_CHUNK_ROWS // max(B, 1)))
@@ -347,9 +352,8 @@ def sequence_forward(input, weights, bias, h0, c0, lengths, reverse, needs_backw
     w_x = weights[:, S:]
     output = input.new_empty(T, B, S)
     h_n, c_n = torch.empty_like(h0), torch.empty_like(c0)
-    empty = input.new_empty(0)
     if B == 0:
-        saved = (input.new_empty(T, 0, 3 * S), input.new_empty(T, 0, S)) if needs_backward else (empty, empty)
+        saved = (input.new_empty(T, 0, 3 * S), input.new_empty(T, 0, S)) if needs_backward else _no_saved(input)
         return output, h_n, c_n, *saved
     meta = _meta(input.dtype, S)
     streaming = "S_PAD" not in meta
@@ -387,7 +391,7 @@ def sequence_forward(input, weights, bias, h0, c0, lengths, reverse, needs_backw
                      stop - 1 if reverse else start, n, -1 if reverse else 1, start, B, I, S,
                      HAS_LENGTHS=has_lengths, SAVE=False, **meta)
         state = end
-    return output, h_n, c_n, empty, empty
+    return output, h_n, c_n, *_no_saved(input)
 
 
 def sequence_backward(grad_output, grad_h_n, grad_c_n, weights, input, h0, output, lengths, gates, tanh_cell,
