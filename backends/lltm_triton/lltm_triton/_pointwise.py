@@ -16,33 +16,23 @@ from ._config import INTERPRETER
 
 
 @triton.jit
-def sigmoid(x):
-    # Through e^{-|x|}, which never overflows: 1 / (1 + e) for x >= 0, e / (1 + e) below.
-    e = tl.exp(-tl.abs(x))
-    return tl.where(x >= 0, 1.0, e) / (1.0 + e)
-
-
-@triton.jit
-def tanh(x):
-    # sign(x) (1 - e) / (1 + e) with e = e^{-2|x|} in (0, 1]: no overflow, no NaN, exact 0 at 0.
-    e = tl.exp(-2.0 * tl.abs(x))
-    t = (1.0 - e) / (1.0 + e)
-    return tl.where(x >= 0, t, -t)
-
-
-@triton.jit
-def elu(x):
-    return tl.where(x > 0, x, tl.exp(tl.minimum(x, 0.0)) - 1.0)
-
-
-@triton.jit
 def cell_forward(pre_i, pre_o, pre_z, c):
-    """Pre-activations and the old cell -> (sigmoid(i), sigmoid(o), elu(z), new_c, tanh(new_c), new_h)."""
-    i = sigmoid(pre_i)
-    o = sigmoid(pre_o)
-    z = elu(pre_z)
+    """Pre-activations and the old cell -> (sigmoid(i), sigmoid(o), elu(z), new_c, tanh(new_c), new_h).
+
+    Written out in one function, not one per activation: under the interpreter each call of a
+    @triton.jit function costs about as much as ten operations, and this runs once per time step.
+    """
+    # sigmoid through e^{-|x|}, which never overflows: 1 / (1 + e) for x >= 0, e / (1 + e) below.
+    e_i = tl.exp(-tl.abs(pre_i))
+    i = tl.where(pre_i >= 0, 1.0, e_i) / (1.0 + e_i)
+    e_o = tl.exp(-tl.abs(pre_o))
+    o = tl.where(pre_o >= 0, 1.0, e_o) / (1.0 + e_o)
+    z = tl.where(pre_z > 0, pre_z, tl.exp(tl.minimum(pre_z, 0.0)) - 1.0)  # elu
     new_c = c + z * i
-    tanh_c = tanh(new_c)
+    # tanh as sign(x) (1 - e) / (1 + e) with e = e^{-2|x|} in (0, 1]: no overflow, no NaN, exact 0 at 0.
+    e_c = tl.exp(-2.0 * tl.abs(new_c))
+    tanh_abs = (1.0 - e_c) / (1.0 + e_c)
+    tanh_c = tl.where(new_c >= 0, tanh_abs, -tanh_abs)
     return i, o, z, new_c, tanh_c, tanh_c * o
 
 
@@ -60,12 +50,7 @@ def cell_backward(i, o, z, tanh_c, grad_h, grad_c):
     return d_i, d_o, d_z, grad_new_c
 
 
-#: Under the interpreter (see to_storage).  A constexpr, so a GPU build compiles the branch away.
-_INTERPRETER = tl.constexpr(INTERPRETER)
-
-
-@triton.jit
-def to_storage(x, ptr):
+def _to_storage(x, ptr):
     """x converted to the element type of ``ptr``, rounded to nearest, ties to even, as a GPU converts.
 
     Triton's interpreter truncates float32 -> bfloat16 instead (and its explicit "rtne" mode mishandles
@@ -79,3 +64,11 @@ def to_storage(x, ptr):
             bits = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16
             x = bits.to(tl.float32, bitcast=True)
     return x.to(ptr.dtype.element_ty)
+
+
+#: A constexpr, so that a GPU build compiles the interpreter's branch away.
+_INTERPRETER = tl.constexpr(INTERPRETER)
+#: On a GPU a device function.  Under the interpreter the same code as a plain Python function, which
+#: the interpreted kernels call like any other: a @triton.jit call there costs about ten operations'
+#: time, and this runs several times a step.
+to_storage = _to_storage if INTERPRETER else triton.jit(_to_storage)

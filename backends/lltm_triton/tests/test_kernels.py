@@ -1,9 +1,9 @@
 """The kernels called directly, against lltm-ref's kernels in float64 (which the kit checks against autograd).
 
 Both sequence variants (W_h resident, W_h streamed), with and without lengths, forward and reverse,
-with and without a backward to follow, in every dtype; the cell; and the same at the GPU's tile
-sizes (``_config.tile_scale = 1``: several blocks in every loop, partial last blocks), which the
-interpreter otherwise enlarges to save time.
+with and without a backward to follow, in every dtype, and the cell, at the GPU's tile sizes
+(``_config.tile_scale = 1``: several blocks in every loop, partial last blocks), which the
+interpreter otherwise enlarges to save time (the kit runs those).
 """
 
 from __future__ import annotations
@@ -19,11 +19,10 @@ from lltm_triton import _cell, _config, _policy, _sequence
 pytestmark = pytest.mark.usefixtures("lltm_seed")
 
 
-@pytest.fixture(params=["gpu-tiles", "default-tiles"])
-def tiles(request, monkeypatch):
-    if request.param == "gpu-tiles":
-        monkeypatch.setattr(_config, "tile_scale", 1)
-    return request.param
+@pytest.fixture
+def gpu_tiles(monkeypatch):
+    """The GPU's tile sizes (the kit runs the interpreter's larger ones)."""
+    monkeypatch.setattr(_config, "tile_scale", 1)
 
 
 @pytest.fixture(params=["resident", "streaming"])
@@ -43,7 +42,7 @@ def _assert_close(errors: dict, dtype, what: str):
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("shape", [(1, 1, 1), (33, 5, 70), (3, 40, 17)], ids=lambda s: "B{}-I{}-S{}".format(*s))
-def test_cell(dtype, shape, tiles):
+def test_cell(dtype, shape, gpu_tiles):
     inputs = [t.detach() for t in make_inputs(*shape, dtype=dtype, device=DEVICE)]
     got = _cell.forward(*inputs)
     want = lltm_ref.forward(*[t.double() for t in inputs])
@@ -56,13 +55,12 @@ def test_cell(dtype, shape, tiles):
         for name, g, w in zip(("grad_X", "grad_weights", "grad_bias", "grad_old_cell"), got_b, want_b):
             errors[f"{name} (needs_grad_X={needs_grad_X})"] = rel_error(g, w)
         assert needs_grad_X or got_b[0].numel() == 0
-    _assert_close(errors, dtype, f"cell at B,I,S={shape}, {tiles}")
+    _assert_close(errors, dtype, f"cell at B,I,S={shape}, the GPU's tiles")
 
 
 SEQUENCE_CASES = [
-    # (T, B, I, S, lengths): one step; rows past their length; more than one program of rows and a
-    # state past one 64-wide tile (two tiles at the GPU's sizes, the second partial).
-    (1, 2, 3, 5, None),
+    # (T, B, I, S, lengths): rows past their length; more than one program of rows and a state past
+    # one 64-wide tile (two tiles at the GPU's sizes, the second partial).  (The kit has T=1.)
     (5, 4, 3, 9, [2, 5, 1, 4]),
     (4, 19, 2, 70, None),
     (3, 18, 3, 70, [3, 1] * 9),
