@@ -31,6 +31,7 @@ ROOT = Path(__file__).parent
 TORCH_CPU = "torch==2.13.0"  # the CPU build: tests run against it
 TORCH_CUDA = "torch==2.14.1"  # the CUDA 13.0 build: only to compile lltm-cuda here
 TORCH_DEVICE = "torch==2.11.0"  # what the H200 machine's image runs (2.11.0+cu130): see the device_torch session
+TRITON = "triton==3.9.0"  # lltm-triton's kernels, run here by its numpy interpreter (with torch 2.13.0's CPU build)
 BUILD_TOOLS = ("setuptools>=64", "wheel", "ninja")
 TEST_TOOLS = ("pytest", "numpy", "matplotlib")  # matplotlib: lltm bench --plot is tested too
 WHEELHOUSE = ROOT / "wheelhouse"
@@ -38,7 +39,7 @@ WHEELHOUSE = ROOT / "wheelhouse"
 nox.options.default_venv_backend = "venv"
 nox.options.reuse_venv = "no"
 nox.options.error_on_missing_interpreters = True
-nox.options.sessions = ["core", "ref", "cpu", "cuda", "cuda_emulated", "wheels"]
+nox.options.sessions = ["core", "ref", "cpu", "cuda", "cuda_emulated", "wheels", "triton"]
 
 
 def _session(func):
@@ -188,6 +189,27 @@ def wheels(session):
     # ... and reinstalling picks it up again.
     session.install("--no-index", "--find-links", str(WHEELHOUSE), "lltm-cpu")
     session.run("python", "-W", "error", "-c", _ASSERT_BACKENDS.format(expect="['cpu', 'ref']"))
+
+
+@_session
+def triton(session):
+    """lltm-triton under Triton's interpreter: the kit on CPU in every dtype it declares, and its own tests.
+
+    TRITON_INTERPRET=1 must be set before Python starts (Triton reads it as each kernel is defined),
+    so it is set for the session's commands, after `lltm info` has shown lltm-triton's reason for
+    being unavailable without it.  The interpreter runs the kernels with numpy, a program at a time:
+    on this project's 2 shared cores the session took 5 min 9 s, the kit 3 min 44 s of it (its
+    701-step inference test and the float64 gradchecks are most of that), lltm-triton's tests 32 s.  What it cannot check is
+    in backends/lltm_triton/tests/test_gpu.py, run on a GPU by benchmarks/gpu_check.sh.
+    """
+    session.install(TORCH_CPU, TRITON, *BUILD_TOOLS, *TEST_TOOLS)
+    session.install("--no-build-isolation", "--no-deps", ".", "./backends/lltm_ref", "./backends/lltm_triton")
+    session.run("python", "-m", "pip", "check")
+    session.run("lltm", "info")
+    session.env["TRITON_INTERPRET"] = "1"
+    session.run("lltm", "info")
+    _pytest(session, "--pyargs", "lltm_core.testing", "--lltm-backend", "triton")
+    _pytest(session, str(ROOT / "backends/lltm_triton/tests"))
 
 
 @_session

@@ -297,12 +297,13 @@ def graphed(fn):
     return graph.replay
 
 
-def sequence_agreement(size, dtype) -> float:
-    """Largest relative error of lltm-cuda's sequence (outputs, all gradients) against lltm-ref's in float64."""
+def sequence_agreement(size, dtype, backend="cuda") -> float:
+    """Largest relative error of lltm-cuda's (or ``backend``'s) sequence, outputs and all gradients,
+    against lltm-ref's in float64."""
     from lltm_core.testing import max_rel_error
 
     inputs = [t.detach().requires_grad_() for t in sequence_inputs(size, dtype)]
-    got = lltm_core.lltm_sequence(*inputs, backend="cuda")
+    got = lltm_core.lltm_sequence(*inputs, backend=backend)
     upstream = [torch.randn(t.shape, dtype=torch.float64, device="cuda") for t in got]
     grads = torch.autograd.grad(got, inputs, [u.to(dtype) for u in upstream])
     ref_inputs = [t.detach().double().requires_grad_() for t in inputs]
