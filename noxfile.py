@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import random
 import shutil
 import tempfile
 from pathlib import Path
@@ -30,6 +31,7 @@ ROOT = Path(__file__).parent
 TORCH_CPU = "torch==2.13.0"  # the CPU build: tests run against it
 TORCH_CUDA = "torch==2.14.1"  # the CUDA 13.0 build: only to compile lltm-cuda here
 TORCH_DEVICE = "torch==2.11.0"  # what the H200 machine's image runs (2.11.0+cu130): see the device_torch session
+TRITON = "triton==3.9.0"  # lltm-triton's kernels, run here by its numpy interpreter (with torch 2.13.0's CPU build)
 BUILD_TOOLS = ("setuptools>=64", "wheel", "ninja")
 TEST_TOOLS = ("pytest", "numpy", "matplotlib")  # matplotlib: lltm bench --plot is tested too
 WHEELHOUSE = ROOT / "wheelhouse"
@@ -37,7 +39,7 @@ WHEELHOUSE = ROOT / "wheelhouse"
 nox.options.default_venv_backend = "venv"
 nox.options.reuse_venv = "no"
 nox.options.error_on_missing_interpreters = True
-nox.options.sessions = ["core", "ref", "cpu", "cuda", "wheels"]
+nox.options.sessions = ["core", "ref", "cpu", "cuda", "cuda_emulated", "wheels", "triton"]
 
 
 def _session(func):
@@ -130,6 +132,41 @@ def cuda(session):
     _pytest(session, str(ROOT / "backends/lltm_cuda/tests"))
 
 
+# The emulated GPU the cuda_emulated session runs on: 3 multiprocessors of one 8-thread block, so
+# 24 threads share every launch and the grid-stride loops go round (rows cross strides at odd
+# sizes too), and the threads run in a shuffled order, a new one each launch, so that a result
+# depending on the order (a race on a GPU) differs.  The seed is fresh each run, printed, and
+# LLTM_CUDA_EMULATE_SEED=N repeats it.
+CUDA_EMULATION = {
+    "LLTM_CUDA_EMULATE_MULTIPROCESSORS": "3",
+    "LLTM_CUDA_EMULATE_BLOCKS_PER_MULTIPROCESSOR": "1",
+    "LLTM_CUDA_EMULATE_THREADS_PER_BLOCK": "8",
+    "LLTM_CUDA_EMULATE_ORDER": "shuffle",
+}
+
+
+@_session
+def cuda_emulated(session):
+    """lltm-cuda's own kernels and host code on the CPU: its .cu sources compiled as C++ with every
+    launch run serially (LLTM_CUDA_EMULATE=1, the test-only backend cuda_emulated), then the kit in
+    every dtype lltm-cuda declares, lltm-cuda's tests that need no device, and the planted defects.
+
+    What this cannot see (the device, cuBLAS, real concurrency, streams) is the GPU check's:
+    benchmarks/gpu_check.sh.
+    """
+    _setup(session, TORCH_CPU, ".", "./backends/lltm_ref")
+    with _source_tree_build_info_untouched(session):
+        session.install("--no-build-isolation", "--no-deps", "./backends/lltm_cuda",
+                        env={"LLTM_CUDA_EMULATE": "1", "MAX_JOBS": os.environ.get("MAX_JOBS", "2")})
+    session.run("python", "-m", "pip", "check")
+    seed = os.environ.get("LLTM_CUDA_EMULATE_SEED") or str(random.SystemRandom().randrange(2**31))
+    session.log(f"emulated thread order: shuffled with seed {seed} (LLTM_CUDA_EMULATE_SEED={seed} repeats it)")
+    session.env.update({**CUDA_EMULATION, "LLTM_CUDA_EMULATE_SEED": seed, "LLTM_CUDA_TEST_EMULATED": "1"})
+    session.run("lltm", "info")
+    _pytest(session, "--pyargs", "lltm_core.testing", "--lltm-backend", "cuda_emulated")
+    _pytest(session, str(ROOT / "backends/lltm_cuda/tests"))
+
+
 @_session
 def wheels(session):
     """Build every distribution's wheel into wheelhouse/, install them into this venv, test from the install."""
@@ -152,6 +189,27 @@ def wheels(session):
     # ... and reinstalling picks it up again.
     session.install("--no-index", "--find-links", str(WHEELHOUSE), "lltm-cpu")
     session.run("python", "-W", "error", "-c", _ASSERT_BACKENDS.format(expect="['cpu', 'ref']"))
+
+
+@_session
+def triton(session):
+    """lltm-triton under Triton's interpreter: the kit on CPU in every dtype it declares, and its own tests.
+
+    TRITON_INTERPRET=1 must be set before Python starts (Triton reads it as each kernel is defined),
+    so it is set for the session's commands, after `lltm info` has shown lltm-triton's reason for
+    being unavailable without it.  The interpreter runs the kernels with numpy, a program at a time:
+    on this project's 2 shared cores the session took 5 min 9 s, the kit 3 min 44 s of it (its
+    701-step inference test and the float64 gradchecks are most of that), lltm-triton's tests 32 s.  What it cannot check is
+    in backends/lltm_triton/tests/test_gpu.py, run on a GPU by benchmarks/gpu_check.sh.
+    """
+    session.install(TORCH_CPU, TRITON, *BUILD_TOOLS, *TEST_TOOLS)
+    session.install("--no-build-isolation", "--no-deps", ".", "./backends/lltm_ref", "./backends/lltm_triton")
+    session.run("python", "-m", "pip", "check")
+    session.run("lltm", "info")
+    session.env["TRITON_INTERPRET"] = "1"
+    session.run("lltm", "info")
+    _pytest(session, "--pyargs", "lltm_core.testing", "--lltm-backend", "triton")
+    _pytest(session, str(ROOT / "backends/lltm_triton/tests"))
 
 
 @_session

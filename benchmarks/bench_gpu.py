@@ -28,6 +28,12 @@ and at the small size the raw sequence ops are timed eagerly and replayed from a
 CUDA graph, to measure what launch cost the per-step loop pays and so whether
 capturing it in a graph would pay off.
 
+Inference (contract v3, in the sequence part): at both sizes in float32, one forward under
+``torch.no_grad()`` (lltm-core then calls the kernels with needs_backward=False: nothing kept,
+the input projected a chunk of steps at a time) against nn.LSTM's under no_grad, as device time,
+and the peak GPU memory that forward adds (``torch.cuda.max_memory_allocated``) against the
+contract's bound, 1.25x its input and output: a FAIL row when it is over.
+
 Without a GPU it says so and exits 0: there is nothing to measure.
 """
 
@@ -291,12 +297,13 @@ def graphed(fn):
     return graph.replay
 
 
-def sequence_agreement(size, dtype) -> float:
-    """Largest relative error of lltm-cuda's sequence (outputs, all gradients) against lltm-ref's in float64."""
+def sequence_agreement(size, dtype, backend="cuda") -> float:
+    """Largest relative error of lltm-cuda's (or ``backend``'s) sequence, outputs and all gradients,
+    against lltm-ref's in float64."""
     from lltm_core.testing import max_rel_error
 
     inputs = [t.detach().requires_grad_() for t in sequence_inputs(size, dtype)]
-    got = lltm_core.lltm_sequence(*inputs, backend="cuda")
+    got = lltm_core.lltm_sequence(*inputs, backend=backend)
     upstream = [torch.randn(t.shape, dtype=torch.float64, device="cuda") for t in got]
     grads = torch.autograd.grad(got, inputs, [u.to(dtype) for u in upstream])
     ref_inputs = [t.detach().double().requires_grad_() for t in inputs]
@@ -387,6 +394,38 @@ def run_sequence(args) -> list[str]:
               "launch-bound and a graph, reused for repeated shapes, would pay.", "",
               "| measure | eager | graph replay | graph / eager | result |", "| --- | --- | --- | --- | --- |"]
     lines += graph_rows(args)
+    lines += inference_rows(args)
+    return lines
+
+
+INFERENCE_MEMORY_BOUND = 1.25  # contract v3: a no_grad forward adds at most this x (input + output)
+
+
+def inference_rows(args) -> list[str]:
+    lines = ["", "Inference (contract v3), float32 under torch.no_grad(): device time per call against nn.LSTM's, "
+             f"and the peak GPU memory one forward adds against {INFERENCE_MEMORY_BOUND}x (input + output).", "",
+             "| size | no_grad forward | nn.LSTM no_grad | ratio | peak memory added | bound | result |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
+    for size in SEQUENCE_SIZES.values():
+        T, B, I, S = size
+        x, weights, bias, h0, c0 = (t.detach() for t in sequence_inputs(size, torch.float32))
+        lstm = torch.nn.LSTM(I, S, device="cuda")
+        with torch.no_grad():
+            def lltm_forward():
+                return lltm_core.lltm_sequence(x, weights, bias, h0, c0, backend="cuda")[0]
+
+            ms = interleaved_device_ms({"lltm": lltm_forward, "lstm": lambda: lstm(x, (h0[None], c0[None]))[0]},
+                                       rounds=args.sequence_rounds, calls=args.sequence_calls)
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            before = torch.cuda.memory_allocated()
+            output = lltm_forward()
+            torch.cuda.synchronize()
+            added = torch.cuda.max_memory_allocated() - before
+        bound = INFERENCE_MEMORY_BOUND * (x.nbytes + output.nbytes)
+        lines.append(f"| T{T} B{B} I{I} S{S} | {ms['lltm']:.3f} ms | {ms['lstm']:.3f} ms | "
+                     f"{ms['lltm'] / ms['lstm']:.3f} | {added / 2**20:.1f} MiB | {bound / 2**20:.1f} MiB | "
+                     f"{'pass' if added <= bound else 'FAIL'} |")
     return lines
 
 

@@ -4,7 +4,11 @@
 # whatever CUDA_HOME the machine has: unset, setup.py finds the toolkit itself, as for a user),
 # run the conformance kit (the cell and the sequence) on CUDA in all four dtypes, lltm-cuda's
 # own GPU tests, and benchmarks/bench_gpu.py: the sequence against cuDNN's nn.LSTM (with the
-# CUDA-graph launch-cost measurement), then the cell.
+# CUDA-graph launch-cost measurement, and contract v3's inference: a torch.no_grad() forward
+# against nn.LSTM's and the peak GPU memory it adds, held to 1.25x input + output), then the cell.
+# The kit and lltm-cuda's tests check v3 too (needs_backward=False, the inference memory bound).
+# What the emulated build (nox -s cuda_emulated) already checks on the CPU, this need not debug:
+# it is here for what only the device shows (cuBLAS, streams, real concurrency, alignment traps).
 #
 #   OUT=/some/dir bash benchmarks/gpu_check.sh      (from anywhere; OUT defaults to a temp dir)
 #
@@ -19,7 +23,8 @@
 # budget; each step gets at most what is left), DRY_RUN=1 (go on without a GPU, to try
 # every step on a CPU machine: the GPU tests and the benchmark then skip), GPU_CHECK_SITE=1
 # (install into a temporary folder on PYTHONPATH, as happens anyway where the interpreter's
-# site-packages is not writable), LLTM_SEED
+# site-packages is not writable), GPU_CHECK_ONLY=triton (lltm-triton's section alone: see
+# triton_checks), LLTM_SEED
 # (the seed of the kit and of lltm-cuda's tests; default: a fresh one, printed in the report).
 set -euo pipefail
 
@@ -61,7 +66,7 @@ step() {
     if timeout --kill-after=10 "$limit" "$@" 2>&1 | tee "$STEP_LOGS/$name.log"; then
         status=pass
         # Without a GPU every check after the build skips: that is not a pass.
-        [[ -n $NO_GPU && $name != build ]] && status="not checked: no GPU (DRY_RUN)"
+        [[ -n $NO_GPU && $name != build && $name != triton-build ]] && status="not checked: no GPU (DRY_RUN)"
     else
         status="FAIL (exit $?)"
         [[ $status == "FAIL (exit 124)" ]] && status="FAIL (timed out after ${limit}s)"
@@ -99,6 +104,10 @@ checks() {
         export PYTHONPATH=$site${PYTHONPATH:+:$PYTHONPATH}
         echo "installing into $site (on PYTHONPATH), not $PYTHON's site-packages"
     fi
+    if [[ ${GPU_CHECK_ONLY:-} == triton ]]; then  # lltm-triton's section alone: see triton_checks
+        triton_checks
+        return
+    fi
     # Without the three packages nothing else can run.  The last line names the toolkit used.
     step build 200 bash -c '"$0" -m pip install "$@" && "$0" -c "from lltm_cuda import _build_info as b
 print(\"lltm-cuda built for torch\", b.TORCH_VERSION, \"arch\", b.ARCH_LIST, \"with the CUDA toolkit at\", b.CUDA_HOME)"' \
@@ -115,6 +124,40 @@ print(\"lltm-cuda built for torch\", b.TORCH_VERSION, \"arch\", b.ARCH_LIST, \"w
     step benchmark-sequence 120 "$PYTHON" benchmarks/bench_gpu.py --part sequence \
         --markdown "$STEP_LOGS/bench_sequence.md" || true
     step benchmark-cell 150 "$PYTHON" benchmarks/bench_gpu.py --part cell --markdown "$STEP_LOGS/bench_cell.md" || true
+    triton_checks
+}
+
+# --- lltm-triton ----------------------------------------------------------------------------
+# After lltm-cuda's checks (then lltm-cuda is built, and the comparison has it), or alone with
+# GPU_CHECK_ONLY=triton, sized for one device call of its own (at most 9 minutes with lltm-cuda's
+# build: GPU_CHECK_ONLY=triton GPU_CHECK_SECONDS=540, run(timeout_s=600)): install lltm-triton (pure Python; triton is the machine's, from its torch), run the kit on
+# CUDA in all four dtypes first, then lltm-triton's own tests (those the interpreter cannot check
+# among them), then benchmarks/bench_triton.py: lltm-triton, lltm-cuda and cuDNN's nn.LSTM at
+# T64 B16 I32 S128, T256 B32 I128 S256 and T64 B256 I1024 S1024, in bfloat16 and in float32 with
+# TF32 on both sides and IEEE on both sides.  Alone and with DRY_RUN=1 on a CPU-only torch (this
+# section's cheap dry run: no 5.5 GB CUDA torch), lltm-cuda is not built and its tests do not run;
+# lltm-triton's own tests then run under Triton's interpreter.
+triton_checks() {
+    local dists=(./backends/lltm_triton)
+    if [[ ${GPU_CHECK_ONLY:-} == triton ]]; then
+        dists=(. ./backends/lltm_ref ./backends/lltm_triton)
+        if [[ -n $NO_GPU ]] && ! "$PYTHON" -c 'import sys, torch; sys.exit(torch.version.cuda is None)'; then
+            echo "DRY_RUN=1 with a CPU-only torch: lltm-cuda is not built; the comparison runs without it."
+        else
+            dists+=(./backends/lltm_cuda)
+        fi
+    fi
+    step triton-build 200 bash -c '"$0" -m pip install "$@" && "$0" -c "import triton, lltm_triton
+print(\"triton\", triton.__version__, \"| lltm-triton:\", lltm_triton.unavailable_reason() or \"available\")"' \
+        "$PYTHON" "${site_args[@]}" --no-build-isolation --no-deps --no-index "${dists[@]}" || return 1
+    step triton-kit 180 "$PYTHON" -m pytest -p no:cacheprovider -q -rs --pyargs lltm_core.testing \
+        --lltm-backend triton --lltm-device cuda --lltm-seed "$LLTM_SEED" \
+        --lltm-dtype float32 --lltm-dtype float64 --lltm-dtype float16 --lltm-dtype bfloat16 || true
+    # On the GPU: compiled for it, and test_gpu.py's skip is an error.  Without one: the interpreter.
+    LLTM_REQUIRE_GPU=$([[ -n $NO_GPU ]] && echo 0 || echo 1) TRITON_INTERPRET=$([[ -n $NO_GPU ]] && echo 1 || echo 0) \
+        step triton-tests 150 "$PYTHON" -m pytest -p no:cacheprovider -q -rs backends/lltm_triton/tests \
+        --lltm-seed "$LLTM_SEED" || true
+    step triton-benchmark 150 "$PYTHON" benchmarks/bench_triton.py --markdown "$STEP_LOGS/bench_triton.md" || true
     [[ ${RESULTS[*]} != *FAIL* ]]
 }
 
@@ -139,10 +182,14 @@ report() {
     echo "| --- | --- | --- | --- |"
     printf '%s\n' "${RESULTS[@]}"
     local part
-    for part in sequence cell; do
+    for part in sequence cell triton; do
         if [[ -f $STEP_LOGS/bench_$part.md ]]; then
             echo
-            echo "## Benchmark: the $part (benchmarks/bench_gpu.py --part $part)"
+            if [[ $part == triton ]]; then
+                echo "## Benchmark: lltm-triton (benchmarks/bench_triton.py)"
+            else
+                echo "## Benchmark: the $part (benchmarks/bench_gpu.py --part $part)"
+            fi
             echo
             cat "$STEP_LOGS/bench_$part.md"
         fi

@@ -45,8 +45,10 @@ def lltm(input, weights, bias, old_h, old_cell, *, backend: str | Backend | None
         return out[0], out[1]
     device_type = "cpu" if input.is_cpu else input.device.type  # .device builds an object: skip it for CPU
     needs = _autograd.needs_autograd(input, weights, bias, old_h, old_cell)
-    chosen = _registry.choose(device_type, input.dtype, backend,
-                              ("cell", input.shape[0], input.shape[1], old_h.shape[1], None, needs))
+    chosen = _registry.choose(device_type, input.dtype, backend)
+    if chosen.declines_calls:  # then the choice depends on the call: only then is it described
+        chosen = _registry.choose(device_type, input.dtype, backend,
+                                  ("cell", input.shape[0], input.shape[1], old_h.shape[1], None, needs))
     return _autograd.apply_eager(
         chosen, needs,
         input.contiguous(), weights.contiguous(), bias.contiguous(), old_h.contiguous(), old_cell.contiguous(),

@@ -28,8 +28,8 @@ def check_lltm_args(input, weights, bias, old_h, old_cell) -> None:
         valid = (
             weights.shape == (3 * S, S + I) and (bias.shape == (3 * S,) or bias.shape == (1, 3 * S))
             and old_h.shape[0] == B and old_cell.shape == (B, S)
-            and dtype.is_floating_point
-            and weights.dtype == dtype and bias.dtype == dtype and old_h.dtype == dtype and old_cell.dtype == dtype
+            and dtype.is_floating_point  # dtypes are singletons: `is` compares them cheapest
+            and weights.dtype is dtype and bias.dtype is dtype and old_h.dtype is dtype and old_cell.dtype is dtype
             and weights.device == device and bias.device == device
             and old_h.device == device and old_cell.device == device
             # last: the duck-typed reads above do not prove these are tensors

@@ -369,7 +369,12 @@ def select(device_type: str, dtype: torch.dtype, name: str | None = None, *, sou
 
 
 def choose(device_type: str, dtype: torch.dtype, backend, call: tuple | None = None) -> Backend:
-    """What a call's ``backend=`` argument (a name, a :class:`Backend`, or None) runs on these tensors."""
+    """What a call's ``backend=`` argument (a name, a :class:`Backend`, or None) runs on these tensors.
+
+    Without ``call``, the backend for the device and dtype alone; when it ``declines_calls``, the
+    choice for a particular call may differ, and the caller asks again with the call.  That keeps
+    the common case (no backend declines anything) from describing every call.
+    """
     if isinstance(backend, Backend):
         why_not = backend.supports(device_type, dtype)
         if why_not is not None:

@@ -50,7 +50,7 @@ def _kit(site, backend: str, *args: str) -> subprocess.CompletedProcess:
     ("seq_no_lengths", "test_lltm_sequence_matches_reference", "relative error above"),
     ("seq_aliasing", "test_sequence_kernels_keep_the_contract", "c_n shares memory with output"),
     ("seq_hoarding", "test_sequence_keeps_at_most_the_bound", "more than the bound (6S + I_k)"),
-    ("seq_keeping", "test_inference_forward_keeps_nothing", "saved slot 0 has shape (701, 3, 15), expected (0,)"),
+    ("seq_keeping", "test_inference_forward_keeps_nothing", "saved slot 0 has shape (301, 7, 15), expected (0,)"),
     ("unsteady", "test_per_call_answers_are_well_formed", "answered True, then False"),
     ("answers_none_kit", "test_per_call_answers_are_well_formed",
      "returned None: it must return True, False or a reason string"),

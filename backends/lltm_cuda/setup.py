@@ -13,6 +13,13 @@ in lltm_cuda/_build_info.py.
 
 TORCH_CUDA_ARCH_LIST picks the GPU architectures (default: Ampere and Hopper,
 plus PTX that newer GPUs compile at load time).
+
+LLTM_CUDA_EMULATE=1 builds instead the test-only emulated library: the same csrc/ sources
+compiled as C++ for the CPU (csrc/cuda/lltm_runtime.cuh runs each launch as a serial loop over
+the grid), as the distribution lltm-cuda-emulated, package lltm_cuda_emulated (this lltm_cuda
+package's own files), backend cuda_emulated on CPU tensors.  It needs only a CPU build of torch
+and a C++ compiler; lltm-cuda's tests and the conformance kit run on it (`nox -s cuda_emulated`).
+It is never part of a user's install.
 """
 
 from __future__ import annotations
@@ -84,17 +91,19 @@ def find_cuda_home(explicit: tuple[str, str] | None, torch_guess: str | None, nv
 
     ``explicit`` is ("CUDA_HOME", value) when the user set one: used as it is (a wrong one is
     reported, never overridden).  ``torch_guess`` is torch's CUDA_HOME, ``nvcc_on_path`` what
-    ``shutil.which("nvcc")`` gives.  When torch's guess is no toolkit root the candidates are the
-    nvcc the one on PATH stands for, then ``conventional`` (globs allowed, newest release first);
-    of the toolkit roots among them the first whose nvcc ``release(root)`` has torch's CUDA major
-    version wins, else the first.  If there is none, torch's guess stays (the build then stops
-    with its problem) and the reason names every place looked at.
+    ``shutil.which("nvcc")`` gives.  The candidates are torch's guess, the nvcc the one on PATH
+    stands for, then ``conventional`` (globs allowed, newest release first); of the toolkit roots
+    among them the first whose nvcc ``release(root)`` has torch's CUDA major version wins, else
+    the first (toolchain_problems then reports the mismatch).  So torch's guess is kept when it
+    is a toolkit of the right major, and passed over, saying so, for one that is.  If there is
+    no toolkit at all, torch's guess stays (the build then stops with its problem) and the
+    reason names every place looked at.
     """
     if explicit is not None:
         return explicit[1], f"{explicit[0]} is set"
-    if is_toolkit_root(torch_guess):
-        return torch_guess, "torch's guess" + (f" from the nvcc on PATH, {nvcc_on_path}" if nvcc_on_path else "")
     candidates = []  # (root, how it was found), in order of preference
+    if torch_guess:
+        candidates.append((torch_guess, "torch's guess" + (f" from the nvcc on PATH, {nvcc_on_path}" if nvcc_on_path else "")))
     if nvcc_on_path:
         candidates += [(os.path.dirname(os.path.dirname(path)), how) for path, how in nvccs_behind(nvcc_on_path)]
     empty_patterns = []
@@ -111,14 +120,25 @@ def find_cuda_home(explicit: tuple[str, str] | None, torch_guess: str | None, nv
             toolkits[root] = how
         else:
             looked.append(root)
-    guessed = f"torch guessed {torch_guess}, which is no toolkit root" if torch_guess else "torch found no toolkit"
     if not toolkits:
+        guessed = f"torch guessed {torch_guess}, which is no toolkit root" if torch_guess else "torch found no toolkit"
         return torch_guess, f"{guessed}, and none is in {', '.join(looked + empty_patterns)}"
     roots = list(toolkits)
+    passed_over = ""
     if torch_cuda and release is not None:
         major = torch_cuda.split(".")[0]
-        roots = [r for r in roots if (release(r) or "").split(".")[0] == major] or roots
-    return roots[0], f"{toolkits[roots[0]]}; {guessed}"
+        releases = {r: release(r) for r in roots}
+        matching = [r for r in roots if (releases[r] or "").split(".")[0] == major]
+        if matching and matching[0] != roots[0]:
+            passed_over = "; ".join(f"{r} has nvcc {releases[r] or '(none that runs)'}" for r in roots[:roots.index(matching[0])])
+            passed_over = f"; passed over for torch's CUDA {torch_cuda}: {passed_over}"
+        roots = matching or roots
+    chosen = roots[0]
+    if torch_guess == chosen:
+        return chosen, toolkits[chosen] + passed_over
+    guessed = (f"torch guessed {torch_guess}" + (", which is no toolkit root" if torch_guess not in toolkits else "")
+               if torch_guess else "torch found no toolkit")
+    return chosen, f"{toolkits[chosen]}; {guessed}{passed_over}"
 
 
 def toolchain_problems(torch_version: str, torch_cuda: str | None, cuda_home: str | None, nvcc: str | None) -> list[str]:
@@ -162,7 +182,7 @@ def toolchain_problems(torch_version: str, torch_cuda: str | None, cuda_home: st
     return problems
 
 
-def build_info(torch_version: str, arch_list: str, cuda_home: str = "") -> str:
+def build_info(torch_version: str, arch_list: str, cuda_home: str = "", emulated: bool = False) -> str:
     # Read by lltm_cuda at import, before it loads the compiled library: an
     # extension built for another torch must be reported, not loaded.
     return (
@@ -170,6 +190,93 @@ def build_info(torch_version: str, arch_list: str, cuda_home: str = "") -> str:
         f"TORCH_VERSION = {torch_version!r}\n"
         f"ARCH_LIST = {arch_list!r}\n"
         f"CUDA_HOME = {cuda_home!r}\n"
+        + ("EMULATED = True  # LLTM_CUDA_EMULATE=1: the kernels compiled for the CPU, test-only\n" if emulated else "")
+    )
+
+
+# The sources of both builds: the emulated one reaches the same .cu files through csrc/emulation/*.cpp.
+KERNEL_HEADERS = ["csrc/cuda/lltm_common.cuh", "csrc/cuda/lltm_runtime.cuh"]
+KERNEL_SOURCES = ["csrc/cuda/lltm_kernels.cu", "csrc/cuda/lltm_sequence.cu"]
+EMULATED_SOURCES = ["csrc/emulation/lltm_kernels.cpp", "csrc/emulation/lltm_sequence.cpp",
+                    "csrc/emulation/emulation_ops.cpp"]
+
+
+def build_ext_writing(info: str, base):
+    """``base`` (torch's BuildExtension), also writing ``info`` as _build_info.py beside the library it links."""
+
+    class BuildExtensionWithInfo(base):
+        """Writes _build_info.py beside the library it has just linked (build/lib for a wheel, the
+        source tree for an editable install), never elsewhere: a wheel built from this tree with
+        another torch must not relabel an editable install's library."""
+
+        def finalize_options(self):
+            super().finalize_options()
+            # Without ninja, setuptools skips a library newer than its sources, even one built
+            # against another torch; with ninja, BuildExtension already forces and ninja decides.
+            self.force = True
+
+        def run(self):
+            super().run()
+            # Now that setuptools has copied the library into the source tree if
+            # this is an editable install, get_ext_fullpath names where it lies.
+            for ext in self.extensions:
+                Path(self.get_ext_fullpath(ext.name)).with_name("_build_info.py").write_text(info)
+
+    return BuildExtensionWithInfo
+
+
+def setup_kwargs(torch_version: str, cpp_extension, build_base: str = "build") -> dict:
+    """What both builds' setup() calls share; ``build_base`` is where the build writes."""
+    # BuildExtension compiles against the limited API of torch's oldest
+    # supported Python (0x030A0000 -> 3.10); the wheel's abi3 tag must say so.
+    limited_api = int(cpp_extension.min_supported_cpython, 16)
+    oldest_python = f"{limited_api >> 24}.{(limited_api >> 16) & 0xFF}"
+    return {
+        "version": VERSION,
+        "python_requires": f">={oldest_python}",
+        # The compiled library links against this exact torch's C++ ABI.
+        "install_requires": [f"lltm-core=={VERSION}", f"torch=={torch_version.split('+')[0]}"],
+        "options": {"bdist_wheel": {"py_limited_api": "cp" + oldest_python.replace(".", "")},
+                    "build": {"build_base": build_base}},
+    }
+
+
+def main_emulated() -> None:
+    """LLTM_CUDA_EMULATE=1: the test-only emulated library (see the module's docstring)."""
+    import torch
+    from setuptools import setup
+    from torch.utils import cpp_extension
+    from torch.utils.cpp_extension import BuildExtension, CppExtension
+
+    if any(command in sys.argv for command in ("develop", "editable_wheel")):
+        # An editable install would write its _build_info.py into lltm_cuda/, this package's folder.
+        raise SystemExit("lltm-cuda's emulated build is for tests: install it without -e (pip install "
+                         "--no-build-isolation ./backends/lltm_cuda with LLTM_CUDA_EMULATE=1)")
+    info = build_info(torch.__version__, "emulated", emulated=True)
+    print("lltm-cuda: building the EMULATED library (the CUDA sources compiled for the CPU, test-only)",
+          file=sys.stderr, flush=True)
+    setup(
+        name="lltm-cuda-emulated",
+        description="lltm-cuda's kernels compiled for the CPU under an emulated launch: for lltm-cuda's tests only",
+        # This very lltm_cuda package, under its own name: the emulated build never shadows a real one.
+        packages=["lltm_cuda_emulated"],
+        package_dir={"lltm_cuda_emulated": "lltm_cuda"},
+        ext_modules=[
+            CppExtension(
+                "lltm_cuda_emulated._C",
+                ["csrc/lltm.cpp", *EMULATED_SOURCES],
+                depends=KERNEL_HEADERS + KERNEL_SOURCES,
+                define_macros=[("LLTM_CUDA_EMULATE", None)],
+                # -O1: the kit runs in seconds either way, and the build is what CI waits for.
+                extra_compile_args={"cxx": ["-O1", "-Wno-unknown-pragmas"]},
+                py_limited_api=True,
+            )
+        ],
+        cmdclass={"build_ext": build_ext_writing(info, BuildExtension)},
+        entry_points={"lltm.backends": ["cuda_emulated = lltm_cuda_emulated:load_backend"]},
+        # pip builds in this folder: a build/ of its own, or each build's wheel would also take in
+        # what the other left in build/lib (the real lltm_cuda in the emulated wheel, and back).
+        **setup_kwargs(torch.__version__, cpp_extension, build_base="build/emulated"),
     )
 
 
@@ -205,42 +312,15 @@ def main() -> None:
         os.environ["TORCH_CUDA_ARCH_LIST"] = DEFAULT_ARCH_LIST
     info = build_info(torch.__version__, os.environ["TORCH_CUDA_ARCH_LIST"], cuda_home)
 
-    class BuildExtensionWithInfo(BuildExtension):
-        """Writes _build_info.py beside the library it has just linked (build/lib for a wheel, the
-        source tree for an editable install), never elsewhere: a wheel built from this tree with
-        another torch must not relabel an editable install's library."""
-
-        def finalize_options(self):
-            super().finalize_options()
-            # Without ninja, setuptools skips a library newer than its sources, even one built
-            # against another torch; with ninja, BuildExtension already forces and ninja decides.
-            self.force = True
-
-        def run(self):
-            super().run()
-            # Now that setuptools has copied the library into the source tree if
-            # this is an editable install, get_ext_fullpath names where it lies.
-            for ext in self.extensions:
-                Path(self.get_ext_fullpath(ext.name)).with_name("_build_info.py").write_text(info)
-
-    # BuildExtension compiles against the limited API of torch's oldest
-    # supported Python (0x030A0000 -> 3.10); the wheel's abi3 tag must say so.
-    limited_api = int(cpp_extension.min_supported_cpython, 16)
-    oldest_python = f"{limited_api >> 24}.{(limited_api >> 16) & 0xFF}"
-
     setup(
         name="lltm-cuda",
-        version=VERSION,
         description="Fused CUDA backend for lltm-core",
         packages=["lltm_cuda"],
-        python_requires=f">={oldest_python}",
-        # The compiled library links against this exact torch's C++ ABI.
-        install_requires=[f"lltm-core=={VERSION}", f"torch=={torch.__version__.split('+')[0]}"],
         ext_modules=[
             CUDAExtension(
                 "lltm_cuda._C",
-                ["csrc/lltm.cpp", "csrc/cuda/lltm_kernels.cu", "csrc/cuda/lltm_sequence.cu"],
-                depends=["csrc/cuda/lltm_common.cuh"],
+                ["csrc/lltm.cpp", *KERNEL_SOURCES],
+                depends=KERNEL_HEADERS,
                 extra_compile_args={"cxx": ["-O3"], "nvcc": ["-O3"]},
                 # No pybind11 (ops register through TORCH_LIBRARY), so the
                 # library needs only the stable Python ABI: one abi3 wheel.
@@ -248,11 +328,11 @@ def main() -> None:
                 py_limited_api=True,
             )
         ],
-        cmdclass={"build_ext": BuildExtensionWithInfo},
-        options={"bdist_wheel": {"py_limited_api": "cp" + oldest_python.replace(".", "")}},
+        cmdclass={"build_ext": build_ext_writing(info, BuildExtension)},
         entry_points={"lltm.backends": ["cuda = lltm_cuda:load_backend"]},
+        **setup_kwargs(torch.__version__, cpp_extension),
     )
 
 
 if __name__ == "__main__":  # tests import this file for toolchain_problems()
-    main()
+    main_emulated() if os.environ.get("LLTM_CUDA_EMULATE") == "1" else main()

@@ -29,6 +29,8 @@ from lltm_core._sequence import run_forward
 LAYER_CASES = [
     ("T1", 1, 3, 4, 5, 1, False, "time", None),
     ("odd-sizes", 7, 5, 3, 13, 1, False, "time", None),
+    # S a multiple of 8: a fused backend's vectorised pointwise path, in every dtype (odd S takes the scalar one).
+    ("S16-vector", 4, 3, 2, 16, 1, True, "time", None),
     ("S1031", 3, 2, 5, 1031, 1, False, "time", None),
     ("L2-bidirectional-batch-first", 5, 3, 4, 6, 2, True, "batch", None),
     ("packed-unsorted", 6, 4, 3, 7, 2, True, "packed", [4, 6, 1, 3]),
@@ -216,14 +218,14 @@ def _requires_v3(backend):
 def test_inference_forward_keeps_nothing(backend, lltm_device, lltm_dtype, reverse, with_lengths):
     """needs_backward=False: the same results as with a backward to follow, and every saved slot empty.
 
-    T·B = 2103 rows, more than one chunk of steps for a backend that projects the input 2048 rows
+    T·B = 2107 rows, more than one chunk of steps for a backend that projects the input 2048 rows
     at a time (lltm-ref), with a last chunk shorter than the rest.
     """
     _requires_v3(backend)
-    T, B, I, S = 701, 3, 2, 5
+    T, B, I, S = 301, 7, 2, 5
     x, weights, bias, h0, c0 = (t.detach() for t in make_sequence_inputs(T, B, I, S, dtype=lltm_dtype,
                                                                           device=lltm_device))
-    lengths = torch.tensor([T, 1, 350], device=lltm_device) if with_lengths else None
+    lengths = torch.tensor([T, 1, 150, 2, T - 1, 77, 200], device=lltm_device) if with_lengths else None
     forward_args = {"input": x, "weights": weights, "bias": bias, "h0": h0, "c0": c0,
                     **({"lengths": lengths} if with_lengths else {})}
     before = snapshot(forward_args)

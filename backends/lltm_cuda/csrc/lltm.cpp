@@ -13,7 +13,9 @@ PyMODINIT_FUNC PyInit__C(void) {
 }
 
 // The saved tensors (X, gates, tanh_cell; for a sequence gates, tanh_cell) are the ones
-// lltm_cuda.saved_layout and lltm_cuda.sequence_saved_layout declare.
+// lltm_cuda.saved_layout and lltm_cuda.sequence_saved_layout declare.  sequence_forward with
+// needs_backward=False (contract v3, inference) returns them empty; its default, True, is the
+// contract-v2 call.
 TORCH_LIBRARY(lltm_cuda, m) {
   m.def(
       "forward(Tensor input, Tensor weights, Tensor bias, Tensor old_h, Tensor old_cell) "
@@ -24,7 +26,8 @@ TORCH_LIBRARY(lltm_cuda, m) {
       "-> (Tensor grad_X, Tensor grad_weights, Tensor grad_bias, Tensor grad_old_cell)");
   m.def(
       "sequence_forward(Tensor input, Tensor weights, Tensor bias, Tensor h0, Tensor c0, Tensor? lengths, "
-      "bool reverse) -> (Tensor output, Tensor h_n, Tensor c_n, Tensor gates, Tensor tanh_cell)");
+      "bool reverse, bool needs_backward=True) -> (Tensor output, Tensor h_n, Tensor c_n, Tensor gates, "
+      "Tensor tanh_cell)");
   m.def(
       "sequence_backward(Tensor grad_output, Tensor grad_h_n, Tensor grad_c_n, Tensor weights, Tensor input, "
       "Tensor h0, Tensor output, Tensor? lengths, Tensor gates, Tensor tanh_cell, bool reverse, "

@@ -31,7 +31,7 @@ def test_backend_metadata():
     assert backend.devices == {"cuda"}
     assert backend.dtypes == {torch.float16, torch.bfloat16, torch.float32, torch.float64}
     assert lltm_core.INTERFACE_VERSION in backend.interface_versions
-    assert backend.interface_versions == (1, 2)
+    assert backend.interface_versions == (1, 2, 3)  # 3: sequence_forward takes needs_backward
     assert backend.saved_layout(2, 3, 5) == {"X": (2, 8), "gates": (2, 15), "tanh_cell": (2, 5)}
     assert backend.has_sequence_kernels
     assert backend.sequence_saved_layout(7, 2, 3, 5) == {"gates": (7, 2, 15), "tanh_cell": (7, 2, 5)}
@@ -101,6 +101,13 @@ def test_gpu_the_library_has_no_code_for(monkeypatch):
     ("9.0", (10, 0), False),          # no PTX: nothing for a newer major
     ("9.0", (8, 0), False),
     ("9.0a", (9, 0), True),
+    ("9.0a", (9, 1), False),          # architecture-specific: that GPU only
+    ("10.0a", (10, 3), False),
+    ("10.0f", (10, 3), True),         # family-specific: sm_100f runs on sm_103 ...
+    ("10.0f", (10, 0), True),
+    ("10.3f", (10, 0), False),        # ... not on an older member ...
+    ("10.0f", (12, 0), False),        # ... nor on another major
+    ("10.0f+PTX", (12, 0), False),    # its PTX is the family's too
     ("8.0;8.6", (8, 9), True),
     ("Hopper", (9, 0), True),         # a name: not guessed at
     ("", (9, 0), True),               # nothing recorded: not guessed at either

@@ -5,6 +5,11 @@ With LLTM_REQUIRE_GPU=1 (benchmarks/gpu_check.sh on the GPU machine) that reason
 is an error instead: there, a skip would read as a pass.
 The general checks (every dtype against the float64 oracle, gradcheck, opcheck,
 torch.compile) are the kit's: pytest --pyargs lltm_core.testing --lltm-backend cuda --lltm-device cuda
+
+With LLTM_CUDA_TEST_EMULATED=1 (`nox -s cuda_emulated`) the same tests run on the emulated build
+(lltm_cuda_emulated: these kernels compiled for the CPU, backend cuda_emulated, CPU tensors),
+except those marked ``needs_gpu``: they test what the emulation cannot see (streams, a second
+device, cuBLAS's TF32, 2**31-element buffers in GPU memory) and skip there, saying so.
 """
 
 from __future__ import annotations
@@ -15,8 +20,14 @@ import pytest
 import torch
 
 _REQUIRED = os.environ.get("LLTM_REQUIRE_GPU") == "1"
+EMULATED = os.environ.get("LLTM_CUDA_TEST_EMULATED") == "1"
+if EMULATED and _REQUIRED:
+    raise RuntimeError("LLTM_REQUIRE_GPU=1 and LLTM_CUDA_TEST_EMULATED=1 ask for opposite things: unset one")
 try:
-    import lltm_cuda
+    if EMULATED:  # asked for by name: its absence is an error, never a skip
+        import lltm_cuda_emulated as lltm_cuda
+    else:
+        import lltm_cuda
 except ModuleNotFoundError as exc:
     # Only lltm-cuda's absence skips: an installed one that fails to import is a failure.
     if exc.name != "lltm_cuda" or _REQUIRED:
@@ -36,6 +47,9 @@ pytestmark = [
     pytest.mark.usefixtures("lltm_seed"),
 ]
 
+BACKEND, DEVICE = ("cuda_emulated", "cpu") if EMULATED else ("cuda", "cuda")
+needs_gpu = pytest.mark.skipif(EMULATED, reason="checks what only a GPU has; the emulated build cannot see it")
+
 DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
 # State sizes that take the 16-byte-vector path for every dtype (multiples of
 # 8), the element path (odd), one element, and more than a 1024-thread block.
@@ -43,7 +57,7 @@ SHAPES = [(7, 5, 64), (3, 4, 13), (5000, 3, 1), (2, 9, 1032), (2, 9, 1031), (1, 
 
 
 def _lltm(*inputs):
-    return lltm_core.lltm(*inputs, backend="cuda")
+    return lltm_core.lltm(*inputs, backend=BACKEND)
 
 
 def _offset_copy(t: torch.Tensor) -> torch.Tensor:
@@ -56,8 +70,8 @@ def _offset_copy(t: torch.Tensor) -> torch.Tensor:
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "B{}-I{}-S{}".format(*s))
 def test_matches_reference(dtype, shape):
-    inputs = make_inputs(*shape, dtype=dtype, device="cuda")
-    errors = compare_with_reference("cuda", inputs)
+    inputs = make_inputs(*shape, dtype=dtype, device=DEVICE)
+    errors = compare_with_reference(BACKEND, inputs)
     assert max(errors.values()) <= tolerance(dtype), errors
 
 
@@ -67,7 +81,7 @@ def test_misaligned_inputs_take_the_element_path(dtype):
 
     (Not required to be bit-identical: the compiler may contract the two paths' arithmetic differently.)
     """
-    input, weights, bias, old_h, old_cell = make_inputs(6, 5, 64, dtype=dtype, device="cuda", requires_grad=False)
+    input, weights, bias, old_h, old_cell = make_inputs(6, 5, 64, dtype=dtype, device=DEVICE, requires_grad=False)
     forward, backward = torch.ops.lltm_cuda.forward, torch.ops.lltm_cuda.backward
     aligned = forward(input, weights, bias, old_h, old_cell)
     shifted = forward(input, weights, bias, old_h, _offset_copy(old_cell))
@@ -88,13 +102,14 @@ def test_misaligned_inputs_take_the_element_path(dtype):
 
 @pytest.mark.parametrize("shape", [(3, 4, 4), (3, 4, 5), (2, 3, 1)], ids=lambda s: "B{}-I{}-S{}".format(*s))
 def test_gradcheck_float64(shape):
-    inputs = make_inputs(*shape, dtype=torch.float64, device="cuda")
+    inputs = make_inputs(*shape, dtype=torch.float64, device=DEVICE)
     assert torch.autograd.gradcheck(_lltm, inputs)
 
 
+@needs_gpu
 def test_runs_on_the_current_stream():
     """If a kernel ran on the default stream it would read old_cell before the side stream wrote it."""
-    input, weights, bias, old_h, old_cell = make_inputs(64, 32, 256, device="cuda", requires_grad=False)
+    input, weights, bias, old_h, old_cell = make_inputs(64, 32, 256, device=DEVICE, requires_grad=False)
     want = _lltm(input, weights, bias, old_h, old_cell)
     side = torch.cuda.Stream()
     late_cell = torch.zeros_like(old_cell)
@@ -108,17 +123,19 @@ def test_runs_on_the_current_stream():
         torch.testing.assert_close(g, w)
 
 
+@needs_gpu
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
 def test_runs_on_the_tensors_device():
     inputs = make_inputs(4, 3, 16, device="cuda:1")
     with torch.cuda.device(0):
-        errors = compare_with_reference("cuda", inputs)
+        errors = compare_with_reference(BACKEND, inputs)
     assert max(errors.values()) <= tolerance(torch.float32), errors
 
 
+@needs_gpu
 def test_honours_allow_tf32():
     """The gate GEMM is cuBLAS through ATen: TF32 changes its rounding only when allowed."""
-    inputs = make_inputs(64, 512, 256, device="cuda", requires_grad=False)
+    inputs = make_inputs(64, 512, 256, device=DEVICE, requires_grad=False)
     reference = reference_lltm(*[t.double() for t in inputs])[1]
     saved = torch.backends.cuda.matmul.allow_tf32
     try:
@@ -131,6 +148,7 @@ def test_honours_allow_tf32():
     assert errors[True] > 10 * errors[False], errors
 
 
+@needs_gpu
 @pytest.mark.parametrize("misaligned", [False, True], ids=["vector-path", "element-path"])
 def test_offsets_past_2_pow_31(misaligned):
     """The last rows of gates sit past element 2**31: checked against the reference on just those rows."""
@@ -174,10 +192,10 @@ def _lengths(T: int, B: int) -> torch.Tensor:
     """Random lengths in [1, T] with both ends present: a row that runs every step and one that runs one."""
     lengths = torch.randint(1, T + 1, (B,))
     lengths[0], lengths[-1] = T, 1
-    return lengths.cuda()
+    return lengths.to(DEVICE)
 
 
-def _sequence(*inputs, backend="cuda", **kwargs):
+def _sequence(*inputs, backend=BACKEND, **kwargs):
     return lltm_core.lltm_sequence(*inputs, backend=backend, **kwargs)
 
 
@@ -188,10 +206,10 @@ def _sequence(*inputs, backend="cuda", **kwargs):
 def test_sequence_matches_ref(dtype, shape, with_lengths, reverse):
     """Outputs and all five gradients against lltm-ref's sequence on CUDA in float64, on the same inputs."""
     T, B, I, S = shape
-    inputs = make_sequence_inputs(T, B, I, S, dtype=dtype, device="cuda")
+    inputs = make_sequence_inputs(T, B, I, S, dtype=dtype, device=DEVICE)
     lengths = _lengths(T, B) if with_lengths else None
     got = _sequence(*inputs, lengths=lengths, reverse=reverse)
-    upstream = [torch.randn(t.shape, dtype=torch.float64, device="cuda") for t in got]
+    upstream = [torch.randn(t.shape, dtype=torch.float64, device=DEVICE) for t in got]
     grads = torch.autograd.grad(got, inputs, [u.to(dtype) for u in upstream])
     ref_inputs = [t.detach().double().requires_grad_() for t in inputs]
     want = _sequence(*ref_inputs, lengths=lengths, reverse=reverse, backend="ref")
@@ -206,7 +224,7 @@ def test_sequence_matches_ref(dtype, shape, with_lengths, reverse):
 @pytest.mark.parametrize("shape", [(3, 4, 2, 4), (4, 3, 2, 5)], ids=lambda s: "T{}-B{}-I{}-S{}".format(*s))
 def test_sequence_gradcheck_float64(shape, with_lengths, reverse):
     """Finite differences through lltm-cuda's own sequence backward (vector path at S=4, element path at S=5)."""
-    inputs = make_sequence_inputs(*shape, dtype=torch.float64, device="cuda")
+    inputs = make_sequence_inputs(*shape, dtype=torch.float64, device=DEVICE)
     lengths = _lengths(shape[0], shape[1]) if with_lengths else None
     assert torch.autograd.gradcheck(lambda *a: _sequence(*a, lengths=lengths, reverse=reverse), inputs)
 
@@ -214,8 +232,8 @@ def test_sequence_gradcheck_float64(shape, with_lengths, reverse):
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_sequence_empty_batch(dtype):
     """B = 0 reaches the kernels (lltm-core handles only T = 0): empty outputs, zero parameter gradients."""
-    x, weights, bias, h0, c0 = make_sequence_inputs(4, 0, 3, 8, dtype=dtype, device="cuda")
-    lengths = torch.zeros(0, dtype=torch.int64, device="cuda")
+    x, weights, bias, h0, c0 = make_sequence_inputs(4, 0, 3, 8, dtype=dtype, device=DEVICE)
+    lengths = torch.zeros(0, dtype=torch.int64, device=DEVICE)
     for kwargs in ({}, {"lengths": lengths, "reverse": True}):
         output, h_n, c_n = _sequence(x, weights, bias, h0, c0, **kwargs)
         assert output.shape == (4, 0, 8) and h_n.shape == c_n.shape == (0, 8)
@@ -241,12 +259,13 @@ def test_sequence_copies_nothing_per_step(with_lengths):
     forward, backward = torch.ops.lltm_cuda.sequence_forward, torch.ops.lltm_cuda.sequence_backward
     counts = {}
     for T in (2, 7):
-        x, weights, bias, h0, c0 = make_sequence_inputs(T, 8, 16, 32, device="cuda", requires_grad=False)
+        x, weights, bias, h0, c0 = make_sequence_inputs(T, 8, 16, 32, device=DEVICE, requires_grad=False)
         lengths = _lengths(T, 8) if with_lengths else None
         for reverse in (False, True):
             out = forward(x, weights, bias, h0, c0, lengths, reverse)
             grads = [torch.randn_like(t) for t in out[:3]]
-            torch.cuda.synchronize()
+            if not EMULATED:
+                torch.cuda.synchronize()
             counts[T, reverse, "forward"] = _copies(lambda: forward(x, weights, bias, h0, c0, lengths, reverse))
             counts[T, reverse, "backward"] = _copies(
                 lambda: backward(*grads, weights, x, h0, out[0], lengths, *out[3:], reverse, True))
@@ -256,9 +275,10 @@ def test_sequence_copies_nothing_per_step(with_lengths):
             assert n <= 2, counts
 
 
+@needs_gpu
 def test_sequence_runs_on_the_current_stream():
     """If a kernel or GEMM ran on the default stream it would read c0 before the side stream wrote it."""
-    x, weights, bias, h0, c0 = make_sequence_inputs(8, 32, 16, 256, device="cuda", requires_grad=False)
+    x, weights, bias, h0, c0 = make_sequence_inputs(8, 32, 16, 256, device=DEVICE, requires_grad=False)
     lengths = _lengths(8, 32)
     want = _sequence(x, weights, bias, h0, c0, lengths=lengths)
     side = torch.cuda.Stream()
@@ -273,6 +293,7 @@ def test_sequence_runs_on_the_current_stream():
         torch.testing.assert_close(g, w)
 
 
+@needs_gpu
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
 def test_sequence_runs_on_the_tensors_device():
     inputs = make_sequence_inputs(3, 4, 3, 16, device="cuda:1")
@@ -284,9 +305,10 @@ def test_sequence_runs_on_the_tensors_device():
         assert max_rel_error(g, w) <= tolerance(torch.float32)
 
 
+@needs_gpu
 def test_sequence_honours_allow_tf32():
     """The input projection and the per-step GEMMs are ATen's: TF32 changes their rounding only when allowed."""
-    inputs = make_sequence_inputs(4, 64, 512, 256, device="cuda", requires_grad=False)
+    inputs = make_sequence_inputs(4, 64, 512, 256, device=DEVICE, requires_grad=False)
     reference = _sequence(*[t.double() for t in inputs], backend="ref")[0]
     saved = torch.backends.cuda.matmul.allow_tf32
     try:
@@ -302,7 +324,7 @@ def test_sequence_honours_allow_tf32():
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_sequence_misaligned_gradient_takes_the_element_path(dtype):
     """An output gradient at an odd address (a contiguous view one element in) computes the same numbers."""
-    x, weights, bias, h0, c0 = make_sequence_inputs(4, 5, 3, 64, dtype=dtype, device="cuda", requires_grad=False)
+    x, weights, bias, h0, c0 = make_sequence_inputs(4, 5, 3, 64, dtype=dtype, device=DEVICE, requires_grad=False)
     lengths = _lengths(4, 5)
     out = torch.ops.lltm_cuda.sequence_forward(x, weights, bias, h0, c0, lengths, True)
     grads = [torch.randn_like(t) for t in out[:3]]
@@ -313,20 +335,65 @@ def test_sequence_misaligned_gradient_takes_the_element_path(dtype):
         assert max_rel_error(g, w) <= tolerance(dtype), name
 
 
+# --- contract v3: sequence_forward(..., needs_backward=False), inference -------------------------
+
+
+@pytest.mark.parametrize("reverse", [False, True], ids=["forward", "reverse"])
+@pytest.mark.parametrize("with_lengths", [False, True], ids=["full", "lengths"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_sequence_inference_projects_in_chunks(dtype, with_lengths, reverse):
+    """needs_backward=False: the outputs of a training forward, empty saved tensors, and the input
+    projected in chunks of 2048 rows: at B=2, 1024 steps and then 6 (each chunk's gates at its
+    own offset in the reused buffer, in the order the steps run, both ways)."""
+    T, B, I, S = 1030, 2, 3, 8  # S=8: the vector path in every dtype
+    x, weights, bias, h0, c0 = make_sequence_inputs(T, B, I, S, dtype=dtype, device=DEVICE, requires_grad=False)
+    lengths = torch.tensor([T, 700], device=DEVICE) if with_lengths else None
+    forward = torch.ops.lltm_cuda.sequence_forward
+    training = forward(x, weights, bias, h0, c0, lengths, reverse, True)
+    inference = forward(x, weights, bias, h0, c0, lengths, reverse, False)
+    assert [tuple(t.shape) for t in inference[3:]] == [(0,), (0,)], "with needs_backward=False nothing is saved"
+    want = _sequence(*(t.double() for t in (x, weights, bias, h0, c0)), lengths=lengths, reverse=reverse,
+                     backend="ref")
+    for name, got, train, ref in zip(("output", "h_n", "c_n"), inference, training, want):
+        assert max_rel_error(got, train) <= tolerance(dtype), name
+        # 1030 steps of rounding drift past the kit's tolerance for a short sequence but in float64.
+        if dtype == torch.float64:
+            assert max_rel_error(got, ref) <= tolerance(dtype), name
+
+
+@needs_gpu
+def test_sequence_inference_memory():
+    """Under torch.no_grad() one forward at T512 B64 I64 S512 raises the peak by at most 1.25x its
+    input and output: the output plus a workspace that does not grow with T."""
+    T, B, I, S = 512, 64, 64, 512
+    layer = lltm_core.LLTMLayer(I, S, backend=BACKEND, device=DEVICE)
+    x = torch.randn(T, B, I, device=DEVICE)
+    with torch.no_grad():
+        layer(x)  # warm up: cuBLAS's workspace and handles are not the layer's memory
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+        output, _ = layer(x)
+        torch.cuda.synchronize()
+        peak = torch.cuda.max_memory_allocated() - before
+    budget = 1.25 * (x.numel() + output.numel()) * x.element_size()
+    assert peak <= budget, f"peak rose by {peak / 2**20:.1f} MiB, over {budget / 2**20:.1f} MiB"
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_layer_matches_ref(dtype):
     """LLTMLayer, two layers both ways, on lltm-cuda's sequence kernels against lltm-ref's in float64."""
     torch.manual_seed(torch.initial_seed())
-    layer = lltm_core.LLTMLayer(6, 16, 2, bidirectional=True, backend="cuda", device="cuda", dtype=dtype)
-    ref = lltm_core.LLTMLayer(6, 16, 2, bidirectional=True, backend="ref", device="cuda", dtype=torch.float64)
+    layer = lltm_core.LLTMLayer(6, 16, 2, bidirectional=True, backend=BACKEND, device=DEVICE, dtype=dtype)
+    ref = lltm_core.LLTMLayer(6, 16, 2, bidirectional=True, backend="ref", device=DEVICE, dtype=torch.float64)
     ref.load_state_dict({k: v.double() for k, v in layer.state_dict().items()})
-    x = torch.randn(7, 3, 6, device="cuda", dtype=dtype, requires_grad=True)
+    x = torch.randn(7, 3, 6, device=DEVICE, dtype=dtype, requires_grad=True)
     got = layer(x)
     got = (got[0], *got[1])
     x_ref = x.detach().double().requires_grad_()
     want = ref(x_ref)
     want = (want[0], *want[1])
-    upstream = [torch.randn(t.shape, dtype=torch.float64, device="cuda") for t in want]
+    upstream = [torch.randn(t.shape, dtype=torch.float64, device=DEVICE) for t in want]
     grads = torch.autograd.grad(got, [x, *layer.parameters()], [u.to(dtype) for u in upstream])
     want_grads = torch.autograd.grad(want, [x_ref, *ref.parameters()], upstream)
     names = ["output", "h_n", "c_n", "grad_input"] + [f"grad_{n}" for n, _ in layer.named_parameters()]

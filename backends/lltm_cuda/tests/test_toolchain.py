@@ -130,6 +130,31 @@ def test_torchs_guess_is_kept_when_it_is_a_toolkit(setup_py, tmp_path):
     assert root == toolkit and how.startswith("torch's guess")
 
 
+def test_a_guess_of_another_major_is_passed_over_for_a_toolkit_of_torchs(setup_py, tmp_path):
+    """torch guesses a real toolkit, but of CUDA 12 for a CUDA 13 torch: a 13.x toolkit elsewhere wins,
+    and the reason says which was used and why the guess was not (it used to keep the guess and stop
+    with the mismatch)."""
+    guess = _fake_toolkit(tmp_path / "cuda-12.4", "12.4")
+    other = _fake_toolkit(tmp_path / "opt" / "cuda-13.0", "13.0")
+    root, how = setup_py.find_cuda_home(None, guess, f"{guess}/bin/nvcc", "13.0", setup_py.nvcc_release,
+                                        conventional=(other,))
+    assert root == other
+    assert how.startswith("a usual place for CUDA; torch guessed " + guess)
+    assert f"passed over for torch's CUDA 13.0: {guess} has nvcc 12.4" in how
+    assert setup_py.toolchain_problems("2.14.1+cu130", "13.0", root, setup_py.nvcc_release(root)) == []
+
+
+def test_a_guess_of_another_major_stays_when_nothing_matches(setup_py, tmp_path):
+    """No toolkit of torch's major anywhere: the guess stays, and the build stops saying what to install."""
+    guess = _fake_toolkit(tmp_path / "cuda-12.4", "12.4")
+    other = _fake_toolkit(tmp_path / "opt" / "cuda-11.8", "11.8")
+    root, how = setup_py.find_cuda_home(None, guess, f"{guess}/bin/nvcc", "13.0", setup_py.nvcc_release,
+                                        conventional=(other,))
+    assert root == guess and how.startswith("torch's guess") and "passed over" not in how
+    (problem,) = setup_py.toolchain_problems("2.14.1+cu130", "13.0", root, setup_py.nvcc_release(root))
+    assert "nvcc is CUDA 12.4 but torch 2.14.1+cu130 was built with CUDA 13.0" in problem
+
+
 def test_the_nvcc_a_wrapper_script_runs(setup_py, tmp_path):
     """/usr/local/bin/nvcc = `exec /usr/local/cuda-13.0/bin/nvcc "$@"`: torch guesses /usr/local."""
     toolkit = _fake_toolkit(tmp_path / "cuda-13.0")

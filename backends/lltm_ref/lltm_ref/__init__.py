@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 __all__ = [
     "forward", "backward", "saved_layout",
-    "sequence_forward", "sequence_backward", "sequence_saved_layout",
+    "sequence_forward", "sequence_backward", "sequence_saved_layout", "sequence_gemm_gradients",
     "load_backend",
 ]
 
@@ -147,7 +147,7 @@ def sequence_backward(grad_output, grad_h_n, grad_c_n, weights, input, h0, outpu
                       reverse, needs_grad_input):
     T, B, I = input.shape
     S = h0.shape[1]
-    w_h, w_x = weights.split([S, I], dim=1)
+    w_h = weights[:, :S]
     d_gates = torch.empty_like(gates)
     grad_h, grad_c = grad_h_n, grad_c_n  # of the state after the step being undone
     for t in reversed(_steps(T, reverse)):
@@ -165,7 +165,18 @@ def sequence_backward(grad_output, grad_h_n, grad_c_n, weights, input, h0, outpu
             valid = (lengths > t).unsqueeze(1)
             step.masked_fill_(~valid, 0)  # a row past its length did not take part in this step
             grad_h, grad_c = torch.where(valid, step.mm(w_h), grad_h), torch.where(valid, grad_new_c, grad_c)
+    return (*sequence_gemm_gradients(d_gates, weights, input, h0, output, lengths, reverse, needs_grad_input),
+            grad_h, grad_c)
 
+
+def sequence_gemm_gradients(d_gates, weights, input, h0, output, lengths, reverse, needs_grad_input):
+    """After the time loop, from every step's d_gates (T, B, 3S): (grad_input, grad_weights, grad_bias).
+
+    One GEMM over all T*B rows for the weights, one for the input, one sum for the bias.  lltm-triton's
+    backward, whose time loop is one Triton launch, ends the same way.
+    """
+    T, B, I = input.shape
+    S = h0.shape[1]
     # The state each step started from: the previous step's output, or h0 for the first.
     if reverse:
         h_prev = torch.cat([output[1:], h0.unsqueeze(0)])
@@ -176,8 +187,8 @@ def sequence_backward(grad_output, grad_h_n, grad_c_n, weights, input, h0, outpu
         h_prev = torch.cat([h0.unsqueeze(0), output[:-1]])
     d_gates_2d = d_gates.view(T * B, 3 * S)
     grad_weights = d_gates_2d.t().mm(torch.cat([h_prev, input], dim=2).view(T * B, S + I))
-    grad_input = d_gates_2d.mm(w_x).view(T, B, I) if needs_grad_input else weights.new_empty(0)
-    return grad_input, grad_weights, d_gates_2d.sum(0), grad_h, grad_c
+    grad_input = d_gates_2d.mm(weights[:, S:]).view(T, B, I) if needs_grad_input else weights.new_empty(0)
+    return grad_input, grad_weights, d_gates_2d.sum(0)
 
 
 def load_backend():

@@ -3,18 +3,22 @@
 // cell), lltm_sequence.cu the whole sequence; both include this.
 #pragma once
 
+#include "lltm_runtime.cuh"
+
 #include <ATen/core/Tensor.h>
-#include <c10/cuda/CUDAException.h>
+#include <c10/util/ArrayRef.h>
 #include <c10/util/Exception.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <initializer_list>
+#include <map>
+#include <mutex>
+#include <utility>
 
 namespace lltm_cuda {
 
-constexpr int kThreadsPerBlock = 256;
 constexpr int kVectorBytes = 16;  // the widest single load/store a thread can issue
 
 // VEC consecutive elements moved as one aligned access.
@@ -25,11 +29,13 @@ struct alignas(sizeof(T) * VEC) Vec {
 
 template <int VEC, typename T>
 __device__ __forceinline__ Vec<T, VEC> load(const T* p) {
+  rt::check_vector_aligned<Vec<T, VEC>>(p);
   return *reinterpret_cast<const Vec<T, VEC>*>(p);
 }
 
 template <int VEC, typename T>
 __device__ __forceinline__ void store(T* p, const Vec<T, VEC>& value) {
+  rt::check_vector_aligned<Vec<T, VEC>>(p);
   *reinterpret_cast<Vec<T, VEC>*>(p) = value;
 }
 
@@ -88,42 +94,76 @@ __device__ __forceinline__ int64_t gate_offset(int64_t e, int64_t state_size) {
   return e + 2 * (e / state_size) * state_size;
 }
 
+// What grid_size() asks the runtime, per device (multiprocessors) and per device and kernel
+// (occupancy): fixed for the life of the process, so asked once each, not on every step.
+struct GridCache {
+  std::mutex mutex;
+  std::map<int, int> multiprocessors;
+  std::map<std::pair<int, const void*>, int> blocks_per_multiprocessor;
+};
+
+inline GridCache& grid_cache() {
+  static GridCache cache;
+  return cache;
+}
+
 // One full wave: as many blocks as fit on the GPU at once at this kernel's
 // occupancy (its register use decides it), so no partial second wave idles
 // part of the chip; the grid-stride loops cover the rest of the work.
-template <typename Kernel>
-int64_t grid_size(Kernel kernel, int64_t work_items) {
-  int device = 0, multiprocessors = 0, blocks_per_multiprocessor = 0;
-  C10_CUDA_CHECK(cudaGetDevice(&device));
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&multiprocessors, cudaDevAttrMultiProcessorCount, device));
-  const int64_t needed = (work_items + kThreadsPerBlock - 1) / kThreadsPerBlock;
-  if (needed <= multiprocessors) {
+// `device` is the index of the device the launch runs on (the guard's).
+template <typename... Params>
+int64_t grid_size(void (*kernel)(Params...), int64_t work_items, int device) {
+  const int threads = rt::threads_per_block();
+  const int64_t needed = (work_items + threads - 1) / threads;
+  GridCache& cache = grid_cache();
+  const std::lock_guard<std::mutex> lock(cache.mutex);
+  auto sms = cache.multiprocessors.find(device);
+  if (sms == cache.multiprocessors.end()) {
+    sms = cache.multiprocessors.emplace(device, rt::multiprocessor_count(device)).first;
+  }
+  if (needed <= sms->second) {
     return needed;  // one block per multiprocessor at most: no need to ask (and pay for) the occupancy
   }
-  C10_CUDA_CHECK(
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_multiprocessor, kernel, kThreadsPerBlock, 0));
-  return std::min(needed, int64_t(multiprocessors) * blocks_per_multiprocessor);
+  const std::pair<int, const void*> key{device, reinterpret_cast<const void*>(kernel)};
+  auto occupancy = cache.blocks_per_multiprocessor.find(key);
+  if (occupancy == cache.blocks_per_multiprocessor.end()) {
+    occupancy = cache.blocks_per_multiprocessor.emplace(key, rt::blocks_per_multiprocessor(kernel, threads)).first;
+  }
+  return std::min(needed, int64_t(sms->second) * occupancy->second);
 }
 
-// Whether a pointwise kernel over rows of state_size elements may move 16 bytes
-// of scalar_t at a time: S a multiple of the vector (so a vector never crosses
-// a row) and every pointer 16-byte aligned (an input may be a view at an odd offset).
+// A buffer a pointwise kernel moves in vectors: its address and the size of its elements (the
+// float cell state of a float16 sequence has 4-byte elements where the tensors have 2).
+struct Buffer {
+  const void* pointer;
+  int element_size;
+};
+
+template <typename T>
+Buffer buffer(const T* p) {
+  return {p, int(sizeof(T))};
+}
+
+// Whether a pointwise kernel over rows of state_size elements may move 16 bytes of scalar_t,
+// VEC = 16 / sizeof(scalar_t) elements, at a time: S a multiple of VEC (so a vector never crosses
+// a row) and every buffer aligned to the VEC of ITS elements (Vec<float, 8>, 32 bytes, for the
+// float cell of a float16 kernel), as an input may be a view at an odd offset.
 template <typename scalar_t>
-bool vectorizable(int64_t state_size, std::initializer_list<const void*> pointers) {
+bool vectorizable(int64_t state_size, c10::ArrayRef<Buffer> buffers) {
   constexpr int kVec = kVectorBytes / sizeof(scalar_t);
-  return state_size % kVec == 0 && std::all_of(pointers.begin(), pointers.end(), [](const void* p) {
-           return reinterpret_cast<std::uintptr_t>(p) % kVectorBytes == 0;
+  return state_size % kVec == 0 && std::all_of(buffers.begin(), buffers.end(), [](const Buffer& b) {
+           return reinterpret_cast<std::uintptr_t>(b.pointer) % (std::uintptr_t(kVec) * b.element_size) == 0;
          });
 }
 
 // Calls launch(std::integral_constant<int, VEC>) with VEC = 16 bytes of
 // elements when vectorizable, else with VEC = 1; nothing when numel is 0.
 template <typename scalar_t, typename Launch>
-void launch_pointwise(int64_t numel, int64_t state_size, std::initializer_list<const void*> pointers, Launch&& launch) {
+void launch_pointwise(int64_t numel, int64_t state_size, c10::ArrayRef<Buffer> buffers, Launch&& launch) {
   if (numel == 0) {
     return;
   }
-  if (vectorizable<scalar_t>(state_size, pointers)) {
+  if (vectorizable<scalar_t>(state_size, buffers)) {
     launch(std::integral_constant<int, kVectorBytes / sizeof(scalar_t)>{});
   } else {
     launch(std::integral_constant<int, 1>{});
@@ -140,7 +180,8 @@ struct Arg {
 inline void check_args(const char* op, std::initializer_list<Arg> args) {
   const at::Tensor& first = args.begin()->tensor;
   for (const Arg& arg : args) {
-    TORCH_CHECK(arg.tensor.is_cuda(), op, ": ", arg.name, " must be a CUDA tensor, got one on ", arg.tensor.device());
+    TORCH_CHECK(rt::on_device(arg.tensor), op, ": ", arg.name, " must be a ", rt::kDeviceName, " tensor, got one on ",
+                arg.tensor.device());
     TORCH_CHECK(arg.tensor.device() == first.device(), op, ": ", arg.name, " is on ", arg.tensor.device(),
                 ", expected ", first.device(), " (the device of ", args.begin()->name, ")");
     TORCH_CHECK(arg.tensor.scalar_type() == first.scalar_type(), op, ": ", arg.name, " has dtype ",

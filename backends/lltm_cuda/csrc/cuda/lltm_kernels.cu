@@ -23,9 +23,6 @@
 #include <ATen/ops/empty_like.h>
 #include <ATen/ops/mm.h>
 #include <ATen/ops/sum.h>
-#include <c10/cuda/CUDAException.h>
-#include <c10/cuda/CUDAGuard.h>
-#include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
 #include <tuple>
@@ -106,28 +103,28 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> lltm_forw
   check_shape(op, {old_h, "old_h"}, {batch, state_size});
   check_shape(op, {old_cell, "old_cell"}, {batch, state_size});
 
-  const c10::cuda::CUDAGuard device_guard(input.device());
+  const rt::DeviceGuard device_guard(input.device());
   at::Tensor X = at::cat({old_h, input}, 1);
   at::Tensor gates = at::addmm(bias, X, weights.t());
   at::Tensor new_h = at::empty_like(old_cell);
   at::Tensor new_cell = at::empty_like(old_cell);
   at::Tensor tanh_cell = at::empty_like(old_cell);
-  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  const rt::Stream stream = rt::current_stream();
   const int64_t numel = old_cell.numel();
 
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, gates.scalar_type(), "lltm_cuda::forward", [&] {
     launch_pointwise<scalar_t>(
         numel, state_size,
-        {gates.const_data_ptr(), old_cell.const_data_ptr(), new_h.const_data_ptr(), new_cell.const_data_ptr(),
-         tanh_cell.const_data_ptr()},
+        {buffer(gates.const_data_ptr<scalar_t>()), buffer(old_cell.const_data_ptr<scalar_t>()),
+         buffer(new_h.const_data_ptr<scalar_t>()), buffer(new_cell.const_data_ptr<scalar_t>()),
+         buffer(tanh_cell.const_data_ptr<scalar_t>())},
         [&](auto vec) {
           constexpr int VEC = decltype(vec)::value;
           const auto kernel = lltm_forward_kernel<scalar_t, VEC>;
-          kernel<<<grid_size(kernel, numel / VEC), kThreadsPerBlock, 0, stream>>>(
-              gates.const_data_ptr<scalar_t>(), old_cell.const_data_ptr<scalar_t>(),
-              new_h.mutable_data_ptr<scalar_t>(), new_cell.mutable_data_ptr<scalar_t>(),
-              tanh_cell.mutable_data_ptr<scalar_t>(), numel, state_size);
-          C10_CUDA_KERNEL_LAUNCH_CHECK();
+          rt::launch(kernel, grid_size(kernel, numel / VEC, input.get_device()), rt::threads_per_block(), stream,
+                     gates.const_data_ptr<scalar_t>(), old_cell.const_data_ptr<scalar_t>(),
+                     new_h.mutable_data_ptr<scalar_t>(), new_cell.mutable_data_ptr<scalar_t>(),
+                     tanh_cell.mutable_data_ptr<scalar_t>(), numel, state_size);
         });
   });
   return {new_h, new_cell, X, gates, tanh_cell};
@@ -153,25 +150,26 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> lltm_backward_cuda(
   check_shape(op, {weights, "weights"}, {3 * state_size, weights.size(1)});
   check_shape(op, {X, "X"}, {batch, weights.size(1)});
 
-  const c10::cuda::CUDAGuard device_guard(gates.device());
+  const rt::DeviceGuard device_guard(gates.device());
   at::Tensor d_gates = at::empty_like(gates);
   at::Tensor grad_old_cell = at::empty_like(tanh_cell);
-  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  const rt::Stream stream = rt::current_stream();
   const int64_t numel = tanh_cell.numel();
 
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, gates.scalar_type(), "lltm_cuda::backward", [&] {
     launch_pointwise<scalar_t>(
         numel, state_size,
-        {grad_h.const_data_ptr(), grad_cell.const_data_ptr(), gates.const_data_ptr(), tanh_cell.const_data_ptr(),
-         d_gates.const_data_ptr(), grad_old_cell.const_data_ptr()},
+        {buffer(grad_h.const_data_ptr<scalar_t>()), buffer(grad_cell.const_data_ptr<scalar_t>()),
+         buffer(gates.const_data_ptr<scalar_t>()), buffer(tanh_cell.const_data_ptr<scalar_t>()),
+         buffer(d_gates.const_data_ptr<scalar_t>()), buffer(grad_old_cell.const_data_ptr<scalar_t>())},
         [&](auto vec) {
           constexpr int VEC = decltype(vec)::value;
           const auto kernel = lltm_backward_kernel<scalar_t, VEC>;
-          kernel<<<grid_size(kernel, numel / VEC), kThreadsPerBlock, 0, stream>>>(
-              grad_h.const_data_ptr<scalar_t>(), grad_cell.const_data_ptr<scalar_t>(),
-              gates.const_data_ptr<scalar_t>(), tanh_cell.const_data_ptr<scalar_t>(),
-              d_gates.mutable_data_ptr<scalar_t>(), grad_old_cell.mutable_data_ptr<scalar_t>(), numel, state_size);
-          C10_CUDA_KERNEL_LAUNCH_CHECK();
+          rt::launch(kernel, grid_size(kernel, numel / VEC, gates.get_device()), rt::threads_per_block(), stream,
+                     grad_h.const_data_ptr<scalar_t>(), grad_cell.const_data_ptr<scalar_t>(),
+                     gates.const_data_ptr<scalar_t>(), tanh_cell.const_data_ptr<scalar_t>(),
+                     d_gates.mutable_data_ptr<scalar_t>(), grad_old_cell.mutable_data_ptr<scalar_t>(), numel,
+                     state_size);
         });
   });
   // d_gates is (B, 3S): grad_X = d_gates @ W, grad_W = d_gates^T @ X, grad_bias = column sums.
@@ -182,7 +180,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> lltm_backward_cuda(
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(lltm_cuda, CUDA, m) {
+TORCH_LIBRARY_IMPL(lltm_cuda, LLTM_CUDA_DISPATCH_KEY, m) {
   m.impl("forward", &lltm_forward_cuda);
   m.impl("backward", &lltm_backward_cuda);
 }

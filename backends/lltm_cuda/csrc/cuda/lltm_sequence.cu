@@ -8,11 +8,13 @@
 //             GEMM d_h = d_gates[t] W_h; after the loop d_W, d_input and d_bias over all steps.
 // Every GEMM is ATen's (cuBLAS, allow_tf32 honoured) and everything runs on the current stream.
 //
-// Saved: the gates before activation (T, B, 3S: the GEMMs' own output, so keeping them costs no
+// With needs_backward (training) it saves the gates before activation (T, B, 3S: the GEMMs' own output, so keeping them costs no
 // traffic; the backward recomputes sigmoid and elu, free in a memory-bound kernel) and tanh(c_t)
 // (T, B, S).  With the input and output lltm-core holds that is (5S + I)·T·B elements, under the
 // contract's (6S + I)·T·B.  No cell is kept: with no forget gate d c_{t-1} = d c_t (+ the step's
-// own term), so the backward never needs c_t itself.
+// own term), so the backward never needs c_t itself.  Without it (inference, contract v3) nothing
+// is kept: no tanh(c_t), and the input is projected a chunk of steps at a time into one reused
+// (chunk, B, 3S) buffer, so the memory is the output plus a workspace that does not grow with T.
 //
 // The cell state and its gradient run from step to step in float for float16/bfloat16 (they never
 // meet a GEMM, so their type is free), rounded once at the end: T roundings fewer than storing them.
@@ -27,11 +29,9 @@
 #include <ATen/ops/gather.h>
 #include <ATen/ops/mm.h>
 #include <ATen/ops/sum.h>
-#include <c10/cuda/CUDAException.h>
-#include <c10/cuda/CUDAGuard.h>
-#include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <optional>
 #include <tuple>
 
@@ -46,8 +46,8 @@ __device__ __forceinline__ bool takes_part(const int64_t* lengths, int64_t row, 
 }
 
 // One forward step over the (B, S) elements.  gates is step t's slice (GEMMs done), h and cell the
-// running state (read, then overwritten), output and tanh_cell step t's slices.  A row not taking
-// part keeps its state and outputs zero.
+// running state (read, then overwritten), output and tanh_cell step t's slices; tanh_cell is null
+// when nothing is kept for a backward.  A row not taking part keeps its state and outputs zero.
 template <typename scalar_t, int VEC>
 __global__ void sequence_forward_step_kernel(
     const scalar_t* __restrict__ gates, scalar_t* __restrict__ h, at::opmath_type<scalar_t>* __restrict__ cell,
@@ -63,7 +63,9 @@ __global__ void sequence_forward_step_kernel(
         new_h.v[k] = scalar_t(0);
       }
       store<VEC>(output + e, new_h);
-      store<VEC>(tanh_cell + e, new_h);  // never read; written so the saved tensor holds no stale memory
+      if (tanh_cell != nullptr) {
+        store<VEC>(tanh_cell + e, new_h);  // never read; written so the saved tensor holds no stale memory
+      }
       continue;
     }
     const int64_t g = gate_offset(e, state_size);
@@ -81,7 +83,9 @@ __global__ void sequence_forward_step_kernel(
     store<VEC>(cell + e, c);
     store<VEC>(h + e, new_h);
     store<VEC>(output + e, new_h);
-    store<VEC>(tanh_cell + e, tanh_c);
+    if (tanh_cell != nullptr) {
+      store<VEC>(tanh_cell + e, tanh_c);
+    }
   }
 }
 
@@ -148,12 +152,16 @@ void check_lengths(const char* op, const std::optional<at::Tensor>& lengths, con
     return;
   }
   const at::Tensor& l = *lengths;
-  TORCH_CHECK(l.is_cuda() && l.device() == like.device(), op, ": lengths must be on ", like.device(), ", got ",
+  TORCH_CHECK(rt::on_device(l) && l.device() == like.device(), op, ": lengths must be on ", like.device(), ", got ",
               l.device());
   TORCH_CHECK(l.scalar_type() == at::kLong, op, ": lengths must be int64, got ", l.scalar_type());
   check_shape(op, {l, "lengths"}, {batch});
   TORCH_CHECK(l.is_contiguous(), op, ": lengths must be contiguous");
 }
+
+// Rows of the input projection one chunk holds when nothing is kept for a backward: a few
+// thousand rows keep the GEMM efficient, and the (chunk, B, 3S) buffer small beside the output.
+constexpr int64_t kInferenceChunkRows = 2048;
 
 const int64_t* lengths_ptr(const std::optional<at::Tensor>& lengths) {
   return lengths.has_value() ? lengths->const_data_ptr<int64_t>() : nullptr;
@@ -171,7 +179,7 @@ at::Tensor as_dtype_of(const at::Tensor& t, const at::Tensor& like) {
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> lltm_sequence_forward_cuda(
     const at::Tensor& input, const at::Tensor& weights, const at::Tensor& bias, const at::Tensor& h0,
-    const at::Tensor& c0, const std::optional<at::Tensor>& lengths, bool reverse) {
+    const at::Tensor& c0, const std::optional<at::Tensor>& lengths, bool reverse, bool needs_backward) {
   constexpr const char* op = "lltm_cuda::sequence_forward";
   check_args(op, {{input, "input"}, {weights, "weights"}, {bias, "bias"}, {h0, "h0"}, {c0, "c0"}});
   TORCH_CHECK(input.dim() == 3, op, ": input must be 3-D (time, batch, input_features), got shape ", input.sizes());
@@ -183,40 +191,55 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> lltm_sequ
   check_shape(op, {c0, "c0"}, {B, S});
   check_lengths(op, lengths, input, B);
 
-  const c10::cuda::CUDAGuard device_guard(input.device());
+  const rt::DeviceGuard device_guard(input.device());
   const at::Tensor w_h_t = weights.narrow(1, 0, S).t();  // (S, 3S), a strided view cuBLAS reads as it is
-  // The input projection of every step at once, bias folded in: the one big GEMM.
-  at::Tensor gates = at::addmm(bias, input.view({T * B, I}), weights.narrow(1, S, I).t()).view({T, B, 3 * S});
+  const at::Tensor w_x_t = weights.narrow(1, S, I).t();  // (I, 3S)
+  // The input projection, bias folded in: for a backward every step's at once (the one big GEMM,
+  // its output saved), else a chunk of steps at a time into the same buffer.
+  const int64_t chunk = needs_backward || B == 0 ? T : std::clamp((kInferenceChunkRows + B - 1) / B, int64_t(1), T);
+  at::Tensor gates = at::empty({chunk, B, 3 * S}, input.options());
   at::Tensor output = at::empty({T, B, S}, input.options());
-  at::Tensor tanh_cell = at::empty({T, B, S}, input.options());
+  at::Tensor tanh_cell = needs_backward ? at::empty({T, B, S}, input.options()) : input.new_empty({0});
   at::Tensor h = h0.clone();       // the running state; h_n when the loop ends
   at::Tensor cell = opmath_copy(c0);
   const int64_t numel = B * S;
-  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  const rt::Stream stream = rt::current_stream();
 
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, input.scalar_type(), op, [&] {
     using opmath_t = at::opmath_type<scalar_t>;
     // Every per-step slice starts a multiple of B*S (or B*3S) elements past its tensor's start, so
     // the bases decide the vector path for all steps at once.
+    scalar_t* const tanh_cell_base = needs_backward ? tanh_cell.mutable_data_ptr<scalar_t>() : nullptr;
     launch_pointwise<scalar_t>(
-        numel, S, {gates.const_data_ptr(), output.const_data_ptr(), tanh_cell.const_data_ptr(), h.const_data_ptr(),
-                   cell.const_data_ptr()},
+        numel, S,
+        {buffer(gates.const_data_ptr<scalar_t>()), buffer(output.const_data_ptr<scalar_t>()),
+         buffer<scalar_t>(tanh_cell_base), buffer(h.const_data_ptr<scalar_t>()), buffer(cell.const_data_ptr<opmath_t>())},
         [&](auto vec) {
           constexpr int VEC = decltype(vec)::value;
           const auto kernel = sequence_forward_step_kernel<scalar_t, VEC>;
-          const int64_t blocks = grid_size(kernel, numel / VEC);  // once, not per step
+          const int64_t blocks = grid_size(kernel, numel / VEC, input.get_device());  // once, not per step
+          int64_t chunk_first = 0;  // the step whose gates sit at gates[0]
           for (int64_t k = 0; k < T; ++k) {
             const int64_t t = reverse ? T - 1 - k : k;
-            at::Tensor step_gates = gates.select(0, t);  // contiguous (B, 3S): a GEMM output as it is
+            if (k % chunk == 0) {  // project the next chunk of steps, in the order they run
+              const int64_t n = std::min(chunk, T - k);
+              chunk_first = reverse ? t - n + 1 : t;
+              at::Tensor chunk_gates = gates.narrow(0, 0, n).view({n * B, 3 * S});
+              at::addmm_out(chunk_gates, bias, input.narrow(0, chunk_first, n).view({n * B, I}), w_x_t);
+            }
+            at::Tensor step_gates = gates.select(0, t - chunk_first);  // contiguous (B, 3S): a GEMM output as it is
             at::addmm_out(step_gates, step_gates, h, w_h_t);
-            kernel<<<blocks, kThreadsPerBlock, 0, stream>>>(
-                step_gates.const_data_ptr<scalar_t>(), h.mutable_data_ptr<scalar_t>(),
-                cell.mutable_data_ptr<opmath_t>(), output.mutable_data_ptr<scalar_t>() + t * numel,
-                tanh_cell.mutable_data_ptr<scalar_t>() + t * numel, lengths_ptr(lengths), t, numel, S);
-            C10_CUDA_KERNEL_LAUNCH_CHECK();
+            rt::launch(kernel, blocks, rt::threads_per_block(), stream, step_gates.const_data_ptr<scalar_t>(),
+                       h.mutable_data_ptr<scalar_t>(), cell.mutable_data_ptr<opmath_t>(),
+                       output.mutable_data_ptr<scalar_t>() + t * numel,
+                       tanh_cell_base == nullptr ? nullptr : tanh_cell_base + t * numel, lengths_ptr(lengths), t,
+                       numel, S);
           }
         });
   });
+  if (!needs_backward) {
+    return {output, h, as_dtype_of(cell, input), input.new_empty({0}), tanh_cell};  // tanh_cell is empty too
+  }
   return {output, h, as_dtype_of(cell, input), gates, tanh_cell};
 }
 
@@ -247,32 +270,33 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> lltm_sequ
   check_lengths(op, lengths, input, B);
   TORCH_CHECK(T >= 1, op, ": a sequence needs at least one step");
 
-  const c10::cuda::CUDAGuard device_guard(input.device());
+  const rt::DeviceGuard device_guard(input.device());
   const at::Tensor w_h = weights.narrow(1, 0, S);  // (3S, S), strided: cuBLAS reads it as it is
   at::Tensor d_gates = at::empty_like(gates);
   at::Tensor grad_h = grad_h_n.clone(at::MemoryFormat::Contiguous);  // running; grad_h0 when the loop ends
   at::Tensor grad_cell = opmath_copy(grad_c_n);
   const int64_t numel = B * S;
-  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  const rt::Stream stream = rt::current_stream();
 
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, input.scalar_type(), op, [&] {
     using opmath_t = at::opmath_type<scalar_t>;
     launch_pointwise<scalar_t>(
-        numel, S, {grad_output.const_data_ptr(), gates.const_data_ptr(), tanh_cell.const_data_ptr(),
-                   grad_h.const_data_ptr(), grad_cell.const_data_ptr(), d_gates.const_data_ptr()},
+        numel, S,
+        {buffer(grad_output.const_data_ptr<scalar_t>()), buffer(gates.const_data_ptr<scalar_t>()),
+         buffer(tanh_cell.const_data_ptr<scalar_t>()), buffer(grad_h.const_data_ptr<scalar_t>()),
+         buffer(grad_cell.const_data_ptr<opmath_t>()), buffer(d_gates.const_data_ptr<scalar_t>())},
         [&](auto vec) {
           constexpr int VEC = decltype(vec)::value;
           const auto kernel = sequence_backward_step_kernel<scalar_t, VEC>;
-          const int64_t blocks = grid_size(kernel, numel / VEC);
+          const int64_t blocks = grid_size(kernel, numel / VEC, input.get_device());
           for (int64_t k = 0; k < T; ++k) {
             const int64_t t = reverse ? k : T - 1 - k;  // the forward's steps, last first
             at::Tensor step_d_gates = d_gates.select(0, t);
-            kernel<<<blocks, kThreadsPerBlock, 0, stream>>>(
-                grad_output.const_data_ptr<scalar_t>() + t * numel, gates.const_data_ptr<scalar_t>() + 3 * t * numel,
-                tanh_cell.const_data_ptr<scalar_t>() + t * numel, grad_h.mutable_data_ptr<scalar_t>(),
-                grad_cell.mutable_data_ptr<opmath_t>(), step_d_gates.mutable_data_ptr<scalar_t>(),
-                lengths_ptr(lengths), t, numel, S);
-            C10_CUDA_KERNEL_LAUNCH_CHECK();
+            rt::launch(kernel, blocks, rt::threads_per_block(), stream,
+                       grad_output.const_data_ptr<scalar_t>() + t * numel,
+                       gates.const_data_ptr<scalar_t>() + 3 * t * numel, tanh_cell.const_data_ptr<scalar_t>() + t * numel,
+                       grad_h.mutable_data_ptr<scalar_t>(), grad_cell.mutable_data_ptr<opmath_t>(),
+                       step_d_gates.mutable_data_ptr<scalar_t>(), lengths_ptr(lengths), t, numel, S);
             if (lengths.has_value()) {
               at::addmm_out(grad_h, grad_h, step_d_gates, w_h);  // see the kernel: rows that took part were zeroed
             } else {
@@ -314,7 +338,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> lltm_sequ
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(lltm_cuda, CUDA, m) {
+TORCH_LIBRARY_IMPL(lltm_cuda, LLTM_CUDA_DISPATCH_KEY, m) {
   m.impl("sequence_forward", &lltm_sequence_forward_cuda);
   m.impl("sequence_backward", &lltm_sequence_backward_cuda);
 }

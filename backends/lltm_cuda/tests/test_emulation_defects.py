@@ -1,0 +1,145 @@
+"""Proof that the emulated build catches real bugs: defects planted in a copy of lltm-cuda's sources.
+
+Each defect is one edit of csrc/ (the exact text must be there once, or this test fails and asks
+to be updated).  The edited copy is built as an emulated library (only the sequence kernels and the
+operator schemas: the sequence tests below need no more), and the conformance kit's sequence tests
+run on it through cuda_emulated (LLTM_CUDA_EMULATED_LIBRARY).  Each must fail where the defect is,
+naming what is wrong, and pass where it is not; the untouched sources pass the same tests.
+
+Runs on the emulated build (`nox -s cuda_emulated`); elsewhere it skips, saying so.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+EMULATED = os.environ.get("LLTM_CUDA_TEST_EMULATED") == "1"
+try:
+    import lltm_cuda_emulated
+except ModuleNotFoundError as exc:
+    if exc.name != "lltm_cuda_emulated" or EMULATED:  # asked for by name: its absence is an error
+        raise
+    pytest.skip("needs the emulated build of lltm-cuda (nox -s cuda_emulated)", allow_module_level=True)
+
+CSRC = Path(__file__).resolve().parents[1] / "csrc"
+# The kit's tests of whole sequences, in the dtypes that take both kernel paths at the kit's sizes.
+KIT = ["--pyargs", "lltm_core.testing.test_sequence", "--lltm-backend", "cuda_emulated",
+       "--lltm-dtype", "float64", "--lltm-dtype", "float32", "-k", "lltm_sequence_matches or layer_matches"]
+
+
+@dataclass(frozen=True)
+class Defect:
+    name: str
+    file: str  # under csrc/cuda
+    old: str
+    new: str
+    fails: str  # a regex every failing test id matches, and at least one does
+    must_fail: tuple[str, ...]  # test ids (their [...] part) that must fail
+    says: str  # what the kit's message must name
+
+
+DEFECTS = [
+    Defect(
+        "lengths-mask-off-by-one", "lltm_sequence.cu",
+        "return lengths == nullptr || step < lengths[row];",
+        "return lengths == nullptr || step <= lengths[row];",
+        fails=r"-lengths-|packed-unsorted",
+        must_fail=("float64-lengths-forward", "float32-lengths-reverse", "float64-packed-unsorted"),
+        says=r"lltm_sequence on cuda_emulated, reverse=(True|False), lengths=tensor\(\[2, 5, 1, 4\]\): "
+             r"relative error above [0-9.e-]+ in \{'output'",
+    ),
+    Defect(
+        "vector-path-gate-offset", "lltm_sequence.cu",
+        "    const auto pre_o = load<VEC>(gates + g + state_size);\n    const auto pre_z = load<VEC>(gates + g + 2 * state_size);\n    auto c",
+        "    const auto pre_o = load<VEC>(gates + g + (VEC > 1 ? 2 : 1) * state_size);  // planted\n"
+        "    const auto pre_z = load<VEC>(gates + g + 2 * state_size);\n    auto c",
+        # The vector path runs at the kit's S16-vector case in every dtype, and at S=6 in float64 (two
+        # 8-byte elements a vector): the element path, every other case, is untouched.
+        fails=r"float64-L2-bidirectional-batch-first|S16-vector",
+        must_fail=("float32-S16-vector", "float64-S16-vector", "float64-L2-bidirectional-batch-first"),
+        says=r"LLTMLayer on cuda_emulated, case L2-bidirectional-batch-first: relative error above [0-9.e-]+ in "
+             r"\{'output'",
+    ),
+    Defect(
+        "reversed-direction-step-index", "lltm_sequence.cu",
+        "const at::Tensor before = reverse ? output.narrow(0, 1, T - 1) : output.narrow(0, 0, T - 1);",
+        "const at::Tensor before = reverse ? output.narrow(0, 0, T - 1) : output.narrow(0, 0, T - 1);",
+        fails=r"-reverse$|bidirectional|packed-unsorted|unbatched|no-state",
+        must_fail=("float64-full-reverse", "float32-lengths-reverse", "float64-L2-bidirectional-batch-first"),
+        says=r"lltm_sequence on cuda_emulated, reverse=True, lengths=None: relative error above [0-9.e-]+ in "
+             r"\{'grad_weights'",
+    ),
+]
+
+_BUILD = """
+import sys
+from torch.utils import cpp_extension
+name, build_dir, *sources = sys.argv[1:]
+cpp_extension.load(name=name, sources=sources, build_directory=build_dir, is_python_module=False,
+                   extra_cflags=["-O1", "-DLLTM_CUDA_EMULATE", "-Wno-unknown-pragmas"])
+"""
+
+
+@pytest.fixture(scope="module")
+def variants(tmp_path_factory):
+    """{defect name: the built library}, all built at once (each a single compile job)."""
+    root = tmp_path_factory.mktemp("defects")
+    builds = {}
+    for defect in DEFECTS:
+        tree = root / defect.name / "csrc"
+        shutil.copytree(CSRC, tree)
+        path = tree / "cuda" / defect.file
+        text = path.read_text()
+        assert text.count(defect.old) == 1, (
+            f"{defect.name}: the text to edit is not in csrc/cuda/{defect.file} exactly once; update this "
+            f"test to plant the same defect in the sources as they are now")
+        path.write_text(text.replace(defect.old, defect.new))
+        name = "lltm_cuda_defect_" + defect.name.replace("-", "_")
+        build_dir = root / defect.name / "build"
+        build_dir.mkdir()
+        sources = [str(tree / "lltm.cpp"), str(tree / "emulation" / "lltm_sequence.cpp")]
+        process = subprocess.Popen([sys.executable, "-c", _BUILD, name, str(build_dir), *sources],
+                                   env={**os.environ, "MAX_JOBS": "1"}, stdout=subprocess.PIPE,
+                                   stderr=subprocess.STDOUT, text=True)
+        builds[defect.name] = (process, build_dir / f"{name}.so")
+    libraries = {}
+    for name, (process, library) in builds.items():
+        log, _ = process.communicate(timeout=900)
+        assert process.returncode == 0 and library.is_file(), f"building the variant {name} failed:\n{log}"
+        libraries[name] = library
+    return libraries
+
+
+def _kit(library: Path | None) -> tuple[int, str]:
+    env = {**os.environ}
+    env.pop(lltm_cuda_emulated.ENV_EMULATED_LIBRARY, None)
+    if library is not None:
+        env[lltm_cuda_emulated.ENV_EMULATED_LIBRARY] = str(library)
+    run = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rf", *KIT],
+                         capture_output=True, text=True, env=env, timeout=900)
+    return run.returncode, run.stdout + run.stderr
+
+
+def test_the_sources_as_they_are_pass():
+    code, out = _kit(None)
+    assert code == 0, out
+
+
+@pytest.mark.parametrize("defect", DEFECTS, ids=[d.name for d in DEFECTS])
+def test_the_kit_catches_and_names_the_defect(variants, defect):
+    code, out = _kit(variants[defect.name])
+    failed = re.findall(r"^FAILED \S+?\[cuda_emulated-([^\]]+)\]", out, flags=re.MULTILINE)
+    assert code == 1 and failed, f"{defect.name}: the kit did not fail (exit {code}):\n{out}"
+    for test_id in defect.must_fail:
+        assert test_id in failed, f"{defect.name}: expected [{test_id}] to fail; failed: {failed}\n{out}"
+    elsewhere = [t for t in failed if not re.search(defect.fails, t)]
+    assert not elsewhere, f"{defect.name}: tests away from the defect failed too: {elsewhere}\n{out}"
+    assert re.search(defect.says, out), f"{defect.name}: no failure says {defect.says!r}:\n{out}"

@@ -1,0 +1,137 @@
+"""What Triton's interpreter cannot check, kept for a GPU (benchmarks/gpu_check.sh runs it on the H200).
+
+The interpreter's gaps, each with the test here that covers it:
+
+* it runs the programs of a grid one after another, so a race between programs, or between the
+  threads of one program (the streaming kernels' barriers), cannot show:
+  test_streaming_matches_resident, test_many_programs_at_once;
+* its tl.dot on bfloat16 multiplies widened float32 copies (_config.dot_dtype), where a GPU uses
+  its bfloat16 MMA, and it truncates float32 -> bfloat16 (pointwise.to_storage rounds first):
+  test_bfloat16_on_the_mma;
+* it has no TF32: test_tf32_follows_torch;
+* it compiles nothing, so whether W_h fits on chip (registers, shared memory, spills) is only seen
+  when Triton compiles for a real GPU: test_resident_kernels_compile_at_the_limit.
+
+Needs a CUDA GPU; elsewhere every test skips with the reason.  With LLTM_REQUIRE_GPU=1
+(gpu_check.sh on the GPU machine) that reason is an error instead: there a skip would read as a pass.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+import lltm_ref
+from _helpers import TOLERANCE, rel_error
+from lltm_core.testing import make_sequence_inputs
+
+_REQUIRED = os.environ.get("LLTM_REQUIRE_GPU") == "1"
+if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
+    _REASON = None
+else:
+    _REASON = "needs a CUDA GPU with Triton compiling for it (no GPU here, or TRITON_INTERPRET=1)"
+if _REQUIRED and _REASON is not None:
+    raise RuntimeError(f"LLTM_REQUIRE_GPU=1, but: {_REASON}")
+pytestmark = [pytest.mark.skipif(_REASON is not None, reason=_REASON), pytest.mark.usefixtures("lltm_seed")]
+
+
+def _run(T, B, I, S, dtype, lengths=None, reverse=False):
+    from lltm_triton import _sequence
+
+    inputs = [t.detach() for t in make_sequence_inputs(T, B, I, S, dtype=dtype, device="cuda")]
+    got = _sequence.sequence_forward(*inputs, lengths, reverse, True)
+    grads = [torch.randn_like(t) for t in got[:3]]
+    x, weights, _, h0, _ = inputs
+    got_b = _sequence.sequence_backward(*grads, weights, x, h0, got[0], lengths, *got[3:], reverse, True)
+    want = lltm_ref.sequence_forward(*[t.double() for t in inputs], lengths, reverse)
+    want_b = lltm_ref.sequence_backward(*[g.double() for g in grads], weights.double(), x.double(), h0.double(),
+                                        want[0], lengths, *want[3:], reverse, True)
+    return (*got[:3], *got_b), (*want[:3], *want_b)
+
+
+def _errors(got, want):
+    names = ("output", "h_n", "c_n", "grad_input", "grad_weights", "grad_bias", "grad_h0", "grad_c0")
+    return {n: rel_error(g, w) for n, g, w in zip(names, got, want)}
+
+
+@pytest.fixture
+def ieee():
+    old = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    yield
+    torch.backends.cuda.matmul.allow_tf32 = old
+
+
+@pytest.mark.parametrize("S", [37, 128, 200])
+def test_streaming_matches_resident(monkeypatch, ieee, S):
+    """Many steps, several programs, tiles of the GPU's size: the barriers between steps hold."""
+    from lltm_triton import _sequence
+
+    lengths = torch.randint(1, 49, (40,), device="cuda")
+    torch.manual_seed(0)
+    resident = _run(48, 40, 24, S, torch.float32, lengths, True)
+    monkeypatch.setattr(_sequence, "resident", lambda S, dtype: False)
+    torch.manual_seed(0)
+    streaming = _run(48, 40, 24, S, torch.float32, lengths, True)
+    for name, error in _errors(streaming[0], streaming[1]).items():
+        assert error <= TOLERANCE[torch.float32], (name, error)
+    for got, want in zip(streaming[0], resident[0]):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_many_programs_at_once(ieee):
+    """B=16·300 rows: 300 programs in flight together, none touching another's rows."""
+    got, want = _run(8, 16 * 300, 16, 64, torch.float32)
+    errors = _errors(got, want)
+    assert max(errors.values()) <= TOLERANCE[torch.float32], errors
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_bfloat16_on_the_mma(dtype):
+    """The tutorial's size in 16-bit on the GPU's MMA, against lltm-ref in float64."""
+    got, want = _run(64, 16, 32, 128, dtype)
+    errors = _errors(got, want)
+    assert max(errors.values()) <= TOLERANCE[dtype], errors
+
+
+def test_tf32_follows_torch():
+    """TF32 allowed: results move by TF32's rounding (so tl.dot used it) and stay within TF32's error."""
+    old = torch.backends.cuda.matmul.allow_tf32
+    try:
+        results = {}
+        for allowed in (False, True):
+            torch.backends.cuda.matmul.allow_tf32 = allowed
+            torch.manual_seed(0)
+            results[allowed] = _run(16, 16, 32, 128, torch.float32)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = old
+    assert max(_errors(*results[False]).values()) <= TOLERANCE[torch.float32]
+    tf32_errors = _errors(*results[True])
+    assert max(tf32_errors.values()) <= 1e-2, tf32_errors
+    assert max(tf32_errors.values()) > 1e-5, f"TF32 allowed, yet IEEE-accurate: tl.dot ignored it ({tf32_errors})"
+
+
+@pytest.mark.parametrize("S, dtype", [(128, torch.bfloat16), (128, torch.float32), (64, torch.float64)], ids=str)
+def test_resident_kernels_compile_at_the_limit(S, dtype, capsys, ieee):
+    """The largest W_h kept on chip compiles and runs; registers and spills are printed for _policy.py."""
+    from lltm_triton import _policy, _sequence
+
+    assert _policy.resident(S, dtype) and not _policy.resident(S * 2, dtype)
+    compiled = []
+    for kernel in (_sequence._forward_resident, _sequence._backward_resident):
+        run = kernel.run
+        kernel.run = lambda *a, _run=run, **kw: compiled.append(_run(*a, **kw)) or compiled[-1]
+    try:
+        got, want = _run(4, 16, 8, S, dtype)
+    finally:
+        del _sequence._forward_resident.run, _sequence._backward_resident.run
+    errors = _errors(got, want)
+    assert max(errors.values()) <= TOLERANCE[dtype], errors
+    with capsys.disabled():  # what Triton's CompiledKernel reports (attributes vary between versions)
+        for k in compiled:
+            meta = getattr(k, "metadata", None)
+            print(f"\n  {getattr(k, 'name', '?')} S={S} {dtype}: {getattr(k, 'n_regs', '?')} registers, "
+                  f"{getattr(k, 'n_spills', '?')} spilled, {getattr(meta, 'shared', '?')} bytes shared memory, "
+                  f"{getattr(meta, 'num_warps', '?')} warps")
