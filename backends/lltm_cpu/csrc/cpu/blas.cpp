@@ -335,10 +335,19 @@ Route all_steps_route(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t 
     // ms): the first rows, columns and reduction terms, the same strides.
     // Smaller corners would overstate oneDNN's fixed cost per call (~15 us),
     // which the whole GEMM spreads over far more work.
+    // Its output stays under 2^18 elements (1 MiB of float32), so that tuning
+    // adds little to a call's peak memory (contract v3's inference bound).
     int64_t mm = m, nn = n, kk = k;
-    while (mm * nn * kk > (int64_t{1} << 24) && std::max({mm, nn, kk}) > 256) {
-      int64_t& largest = mm >= nn && mm >= kk ? mm : nn >= kk ? nn : kk;
-      largest = std::max<int64_t>(256, largest / 2);
+    while (std::max({mm, nn, kk}) > 256) {
+      if (mm * nn > (int64_t{1} << 18) && std::max(mm, nn) > 256) {
+        int64_t& wider = mm >= nn ? mm : nn;
+        wider = std::max<int64_t>(256, wider / 2);
+      } else if (mm * nn * kk > (int64_t{1} << 24)) {
+        int64_t& largest = mm >= nn && mm >= kk ? mm : nn >= kk ? nn : kk;
+        largest = std::max<int64_t>(256, largest / 2);
+      } else {
+        break;
+      }
     }
     // Timed on one thread: what differs between the libraries is their
     // kernels (AVX2 or AVX-512, say); both spread over threads alike.
