@@ -91,7 +91,11 @@ def _run_together(cwd: Path, commands: list[list[str]]) -> list[str]:
     """Run the commands at once, each in its own process group (killed whole at the deadline); their stdouts."""
     # One thread per process, as torchrun sets for more than one process per node: two cores, and the
     # same arithmetic in every launch.
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1",
+           # lltm-cpu picks each GEMM's route by timing it in each process, so two launches may round
+           # differently; bit-for-bit equal runs need every route fixed, as the README's training
+           # section says.  (Harmless where lltm-cpu is not installed.)
+           "LLTM_CPU_GEMM": "aten"}
     procs = [subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                               start_new_session=True) for cmd in commands]
     deadline = time.monotonic() + DEADLINE_S
