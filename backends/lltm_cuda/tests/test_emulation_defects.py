@@ -72,7 +72,7 @@ DEFECTS = [
         "reversed-direction-step-index", "lltm_sequence.cu",
         "const at::Tensor before = reverse ? output.narrow(0, 1, T - 1) : output.narrow(0, 0, T - 1);",
         "const at::Tensor before = reverse ? output.narrow(0, 0, T - 1) : output.narrow(0, 0, T - 1);",
-        fails=r"-reverse$|bidirectional|packed-unsorted|unbatched|no-state",
+        fails=r"-reverse$|bidirectional|packed-unsorted|unbatched|no-state|S16-vector",  # every reversed run
         must_fail=("float64-full-reverse", "float32-lengths-reverse", "float64-L2-bidirectional-batch-first"),
         says=r"lltm_sequence on cuda_emulated, reverse=True, lengths=None: relative error above [0-9.e-]+ in "
              r"\{'grad_weights'",
