@@ -485,16 +485,28 @@ def main(argv=None) -> int:
         if args.part in ("all", "sequence"):
             lines += ([""] if lines else []) + ["### The sequence: lltm_sequence against nn.LSTM", ""]
             lines += run_sequence(args)
-        # The last line is what gpu_check.sh shows for this step.  A missed target
-        # is a result to report (with its floor); a FAIL row is a check that went wrong.
-        failed = sum("| FAIL" in line for line in lines)
-        missed = sum(line.rstrip().endswith("| MISSED |") for line in lines)
-        lines += ["", f"bench_gpu.py ({args.part}): {failed} check(s) FAIL, {missed} target(s) MISSED (see the tables)."]
-    report = "\n".join(lines) + "\n"
-    print(report, end="")
-    if args.markdown:
-        with open(args.markdown, "w") as f:
-            f.write(report)
+        failed = summarize(lines, f"bench_gpu.py ({args.part})", "the tables")
+    return report(lines, args.markdown, failed)
+
+
+def summarize(lines: list[str], name: str, where: str) -> int:
+    """Append the line gpu_check.sh shows for this step; return how many checks FAILed.
+
+    A missed target is a result to report (with its floor); a FAIL row is a check that went wrong.
+    """
+    failed = sum("| FAIL" in line for line in lines)
+    missed = sum(line.rstrip().endswith("| MISSED |") for line in lines)
+    lines += ["", f"{name}: {failed} check(s) FAIL, {missed} target(s) MISSED (see {where})."]
+    return failed
+
+
+def report(lines: list[str], markdown: str | None, failed: int) -> int:
+    """Print the report (and write it to ``markdown``); the exit code: 1 if a check FAILed."""
+    text = "\n".join(lines) + "\n"
+    print(text, end="")
+    if markdown:
+        with open(markdown, "w") as f:
+            f.write(text)
     return 1 if failed else 0
 
 

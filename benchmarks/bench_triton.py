@@ -152,6 +152,8 @@ def cell_rows(args, have_cuda) -> list[str]:
 
 
 def main(argv=None) -> int:
+    from bench_gpu import report, summarize
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--markdown", metavar="PATH", help="also write the report to this Markdown file")
     parser.add_argument("--rounds", type=int, default=5, help="timed rounds per candidate")
@@ -169,15 +171,8 @@ def main(argv=None) -> int:
             lines += run(args)
         finally:
             torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = tf32
-        failed = sum("| FAIL" in line for line in lines)
-        missed = sum(line.rstrip().endswith("| MISSED |") for line in lines)
-        lines += ["", f"bench_triton.py: {failed} check(s) FAIL, {missed} target(s) MISSED (see the table)."]
-    report = "\n".join(lines) + "\n"
-    print(report, end="")
-    if args.markdown:
-        with open(args.markdown, "w") as f:
-            f.write(report)
-    return 1 if failed else 0
+        failed = summarize(lines, "bench_triton.py", "the table")
+    return report(lines, args.markdown, failed)
 
 
 if __name__ == "__main__":
