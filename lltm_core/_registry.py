@@ -380,10 +380,11 @@ def choose(device_type: str, dtype: torch.dtype, backend, call: tuple | None = N
         if why_not is not None:
             raise BackendError(f"lltm backend {backend.name!r} (passed as backend=) cannot take these tensors: it {why_not}")
         if backend.can_run is not None and call is not None:
-            ok, reason = _answer(backend, "can_run", Call(call[0], device_type, dtype, *call[1:]))
+            described = Call(call[0], device_type, dtype, *call[1:])
+            ok, reason = _answer(backend, "can_run", described)
             if not ok:
                 raise BackendError(f"lltm backend {backend.name!r} (passed as backend=) cannot run "
-                                   f"{Call(call[0], device_type, dtype, *call[1:]).describe()}: {reason}")
+                                   f"{described.describe()}: {reason}")
         return backend
     return select(device_type, dtype, backend, call=call)
 
