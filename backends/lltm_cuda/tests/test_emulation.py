@@ -14,13 +14,9 @@ import sys
 import pytest
 import torch
 
-EMULATED = os.environ.get("LLTM_CUDA_TEST_EMULATED") == "1"
-try:
-    import lltm_cuda_emulated
-except ModuleNotFoundError as exc:
-    if exc.name != "lltm_cuda_emulated" or EMULATED:  # asked for by name: its absence is an error
-        raise
-    pytest.skip("needs the emulated build of lltm-cuda (nox -s cuda_emulated)", allow_module_level=True)
+from _emulated import import_or_skip
+
+lltm_cuda_emulated = import_or_skip()
 import lltm_core  # noqa: E402
 from lltm_core.testing import make_inputs, make_sequence_inputs, max_rel_error, tolerance  # noqa: E402
 from lltm_core.testing.memory import can_measure, check_inference_memory  # noqa: E402

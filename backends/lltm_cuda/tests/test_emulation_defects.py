@@ -21,13 +21,9 @@ from pathlib import Path
 
 import pytest
 
-EMULATED = os.environ.get("LLTM_CUDA_TEST_EMULATED") == "1"
-try:
-    import lltm_cuda_emulated
-except ModuleNotFoundError as exc:
-    if exc.name != "lltm_cuda_emulated" or EMULATED:  # asked for by name: its absence is an error
-        raise
-    pytest.skip("needs the emulated build of lltm-cuda (nox -s cuda_emulated)", allow_module_level=True)
+from _emulated import import_or_skip
+
+lltm_cuda_emulated = import_or_skip()
 
 CSRC = Path(__file__).resolve().parents[1] / "csrc"
 # The kit's tests of whole sequences, in the dtypes that take both kernel paths at the kit's sizes.

@@ -1,0 +1,24 @@
+"""The emulated build (lltm_cuda_emulated), for the test modules that need it.
+
+With LLTM_CUDA_TEST_EMULATED=1 (`nox -s cuda_emulated`) it was asked for by name: its absence is an
+error, never a skip.  Elsewhere (the real build's session) a module that needs it skips, saying why.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+EMULATED = os.environ.get("LLTM_CUDA_TEST_EMULATED") == "1"
+
+
+def import_or_skip():
+    """``lltm_cuda_emulated``, or a module-level skip where it is not asked for and not installed."""
+    try:
+        import lltm_cuda_emulated
+    except ModuleNotFoundError as exc:
+        if exc.name != "lltm_cuda_emulated" or EMULATED:
+            raise
+        pytest.skip("needs the emulated build of lltm-cuda (nox -s cuda_emulated)", allow_module_level=True)
+    return lltm_cuda_emulated
