@@ -44,8 +44,8 @@ FAKE_MODULE = textwrap.dedent(
     def dup_good():     return _ref(name="dup", priority=1)
     def dup_bad():      raise RuntimeError("this copy is broken")
 
-    def _wrong_backward(grad_h, grad_cell, weights, X, sig, cand, tanh_cell, needs_grad_X):
-        grad_X, gw, gb, gc = lltm_ref.backward(grad_h, grad_cell, weights, X, sig, cand, tanh_cell, needs_grad_X)
+    def _wrong_backward(grad_h, grad_cell, weights, *saved_and_needs_grad_X):
+        grad_X, gw, gb, gc = lltm_ref.backward(grad_h, grad_cell, weights, *saved_and_needs_grad_X)
         return grad_X, gw * 1.01, gb, gc   # a 1% error in grad_weights
 
     def wrong():        return _ref(name="wrong", backward=_wrong_backward)
