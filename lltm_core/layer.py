@@ -56,13 +56,17 @@ class LLTMLayer(torch.nn.Module):
         self.backend = backend
         directions = 2 if bidirectional else 1
         factory = {"device": device, "dtype": dtype}
-        for layer in range(num_layers):
+        # (weights, bias) names per layer and direction, in forward's order: not rebuilt on every call
+        self._parameter_names = tuple(
+            tuple((f"weights_l{layer}{suffix}", f"bias_l{layer}{suffix}") for suffix in self._suffixes())
+            for layer in range(num_layers)
+        )
+        for layer, names in enumerate(self._parameter_names):
             features = input_features if layer == 0 else directions * state_size
-            for suffix in self._suffixes():
-                self.register_parameter(f"weights_l{layer}{suffix}", torch.nn.Parameter(
+            for weights_name, bias_name in names:
+                self.register_parameter(weights_name, torch.nn.Parameter(
                     torch.empty(3 * state_size, state_size + features, **factory)))
-                self.register_parameter(f"bias_l{layer}{suffix}", torch.nn.Parameter(
-                    torch.empty(3 * state_size, **factory)))
+                self.register_parameter(bias_name, torch.nn.Parameter(torch.empty(3 * state_size, **factory)))
         self.reset_parameters()
 
     # nn.LSTM's names for the sizes, so that code reading them ports unchanged.
@@ -132,19 +136,19 @@ class LLTMLayer(torch.nn.Module):
         else:
             raise TypeError(f"LLTMLayer.forward(): input must be a torch.Tensor or a PackedSequence, "
                             f"got {type(input).__name__}")
-        self._check_input(sequence, tuple(input.shape) if isinstance(input, torch.Tensor) else None)
-        h_0, c_0 = self._initial_state(state, sequence, batched)
+        self._check_input(sequence, input)
+        initial = self._initial_states(state, sequence, batched)
 
-        directions = len(self._suffixes())
+        directions = 2 if self.bidirectional else 1
         h_n, c_n = [], []
         layer_input = sequence
-        for layer in range(self.num_layers):
+        for layer, names in enumerate(self._parameter_names):
             outputs = []
-            for direction, suffix in enumerate(self._suffixes()):
+            for direction, (weights_name, bias_name) in enumerate(names):
                 index = layer * directions + direction
                 output, h, c = lltm_sequence(
-                    layer_input, getattr(self, f"weights_l{layer}{suffix}"), getattr(self, f"bias_l{layer}{suffix}"),
-                    h_0[index], c_0[index], lengths=lengths, reverse=direction == 1, backend=self.backend,
+                    layer_input, getattr(self, weights_name), getattr(self, bias_name), *initial[index],
+                    lengths=lengths, reverse=direction == 1, backend=self.backend,
                 )
                 outputs.append(output)
                 h_n.append(h)
@@ -165,29 +169,36 @@ class LLTMLayer(torch.nn.Module):
             output = output.transpose(0, 1)
         return output, (h_n, c_n)
 
-    def _check_input(self, sequence: torch.Tensor, shape: tuple | None) -> None:
-        shown = f"got shape {shape}" if shape is not None else f"got a PackedSequence of {sequence.shape[-1]} features"
+    def _check_input(self, sequence: torch.Tensor, input) -> None:
+        # The valid case first, in one expression: at short sequences a microsecond here is a visible share.
+        parameter = self.weights_l0
+        dtype = sequence.dtype
+        if (sequence.shape[-1] == self.input_features and sequence.shape[0] != 0 and dtype is parameter.dtype
+                and dtype.is_floating_point and sequence.device == parameter.device):
+            return
+        shown = (f"got shape {tuple(input.shape)}" if isinstance(input, torch.Tensor)
+                 else f"got a PackedSequence of {sequence.shape[-1]} features")
         if sequence.shape[-1] != self.input_features:
             raise ValueError(f"LLTMLayer({self.extra_repr()}): input must have {self.input_features} features "
                              f"(its last dimension), {shown}")
         if sequence.shape[0] == 0:
             raise ValueError(f"LLTMLayer({self.extra_repr()}): input has 0 time steps ({shown}); "
                              f"a sequence needs at least one")
-        parameter = self.weights_l0
-        if not sequence.dtype.is_floating_point or sequence.dtype != parameter.dtype:
-            raise TypeError(f"LLTMLayer({self.extra_repr()}): input has dtype {sequence.dtype}, expected "
+        if not dtype.is_floating_point or dtype != parameter.dtype:
+            raise TypeError(f"LLTMLayer({self.extra_repr()}): input has dtype {dtype}, expected "
                             f"{parameter.dtype} (the dtype of the parameters; .to() the module or the input)")
-        if sequence.device != parameter.device:
-            raise ValueError(f"LLTMLayer({self.extra_repr()}): input is on {sequence.device}, expected "
-                             f"{parameter.device} (where the parameters are; .to() the module or the input)")
+        raise ValueError(f"LLTMLayer({self.extra_repr()}): input is on {sequence.device}, expected "
+                         f"{parameter.device} (where the parameters are; .to() the module or the input)")
 
-    def _initial_state(self, state, sequence: torch.Tensor, batched: bool):
+    def _initial_states(self, state, sequence: torch.Tensor, batched: bool) -> list:
+        """(h, c) for each layer and direction, in h_0's order: layer * D + direction, each (B, S)."""
         count = self.num_layers * len(self._suffixes())
+        if state is None:
+            # One zeros tensor for every h and c: the kernels never write their inputs.
+            zeros = sequence.new_zeros((sequence.shape[1], self.state_size))
+            return [(zeros, zeros)] * count
         batch = sequence.shape[1]
         want = (count, batch, self.state_size) if batched else (count, self.state_size)
-        if state is None:
-            zeros = sequence.new_zeros((count, batch, self.state_size))
-            return zeros, zeros
         if not isinstance(state, (tuple, list)) or len(state) != 2:
             raise TypeError(f"LLTMLayer.forward(input, state): state must be a pair (h_0, c_0), "
                             f"got {type(state).__name__}")
@@ -205,7 +216,9 @@ class LLTMLayer(torch.nn.Module):
                 raise ValueError(f"LLTMLayer({self.extra_repr()}): state's {name} is on {t.device}, "
                                  f"expected {sequence.device} (the device of input)")
         h_0, c_0 = state
-        return (h_0, c_0) if batched else (h_0.unsqueeze(1), c_0.unsqueeze(1))
+        if not batched:
+            h_0, c_0 = h_0.unsqueeze(1), c_0.unsqueeze(1)
+        return list(zip(h_0.unbind(0), c_0.unbind(0)))
 
 
 def _repack_like(output: torch.Tensor, lengths: torch.Tensor, like: PackedSequence) -> PackedSequence:
