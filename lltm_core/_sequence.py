@@ -70,7 +70,8 @@ def lltm_sequence(input, weights, bias, h0, c0, *, lengths=None, reverse=False, 
         out = getattr(torch.ops.lltm, f"{name}_sequence_forward")(*args, lengths, reverse, named, needs)
         return out[0], out[1], out[2]
     needs = _autograd.needs_autograd(*args)
-    chosen = _registry.choose(input.device.type, input.dtype, backend, ("sequence", B, I, S, T, needs))
+    device_type = "cpu" if input.is_cpu else input.device.type  # .device builds an object: skip it for CPU
+    chosen = _registry.choose(device_type, input.dtype, backend, ("sequence", B, I, S, T, needs))
     if not chosen.has_sequence_kernels:
         log.debug("lltm_sequence: backend %s has no sequence kernels; looping its step kernels", chosen.name)
         return _loop_steps(chosen, *args, lengths, reverse)
