@@ -20,7 +20,9 @@ a ratio taken within one round sees both candidates at the same speed.
   autograd), forward under ``torch.no_grad()`` and forward + backward of
   ``output.sum()`` (the bare side computes the sum too, and passes the
   expanded gradient autograd would).  Target: <= 1.05x each.  Skipped, saying so, where lltm-cpu
-  is not installed.
+  is not installed.  One more row, with no target, gives the floor under the second: the bare
+  kernels followed by a Python autograd.Function that computes nothing (six saved tensors, as
+  lltm_core's), against the bare kernels alone.
 * **inference**: each v3 backend's ``sequence_forward`` with
   ``needs_backward=False`` (the input projected a chunk of steps at a time,
   nothing saved) against the same call with ``needs_backward=True`` (what every
@@ -160,6 +162,15 @@ def sequence_table(rounds: int) -> tuple[list[str], bool]:
         backend.sequence_backward(torch.ones(()).expand(T, B, S), torch.zeros(B, S), torch.zeros(B, S),
                                   weights.detach(), x.detach(), zeros, out[0], None, *out[3:], False, True)
 
+    # The floor of any Python autograd.Function: one that runs no kernels, called right after
+    # the bare kernels (as lltm_core's is), against the bare kernels alone.
+    a, w, bb = x, weights, bias
+
+    def noop_after_bare():
+        bare_train()
+        a.grad = w.grad = bb.grad = None
+        _NoOp.apply(a, w, bb).sum().backward()
+
     lines, ok = [], True
     for label, bare, full in (("forward (no_grad)", bare_forward, layer_forward),
                               ("forward + backward", bare_train, layer_train)):
@@ -167,7 +178,25 @@ def sequence_table(rounds: int) -> tuple[list[str], bool]:
                         per_round_ratios(bare, full, rounds, calls_for(full, 0.03)), 1.05)
         lines.append(text)
         ok &= met
+    ratios = per_round_ratios(bare_train, noop_after_bare, rounds, calls_for(bare_train, 0.03))
+    lines.append(f"| floor: the bare kernels plus a no-op autograd.Function's forward + backward / bare kernels | "
+                 f"{statistics.median(ratios):.3f}x | {min(ratios):.3f}–{max(ratios):.3f} | (none: what any "
+                 f"autograd.Function costs here) |")
     return lines, ok
+
+
+class _NoOp(torch.autograd.Function):
+    """Saves six tensors and returns one, as _SequenceFunction does, and computes nothing."""
+
+    @staticmethod
+    def forward(ctx, input, weights, bias):
+        ctx.save_for_backward(input, weights, bias, input, weights, bias)
+        return input.new_empty(1)
+
+    @staticmethod
+    def backward(ctx, grad):
+        ctx.saved_tensors
+        return None, None, None
 
 
 def inference_table(rounds: int) -> tuple[list[str], bool]:
@@ -229,7 +258,9 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=31)
     p.add_argument("--output", type=Path, help="also write the report (markdown) here")
+    p.add_argument("--threads", type=int, default=2, help="torch.set_num_threads (default 2, this machine's cores)")
     args = p.parse_args()
+    torch.set_num_threads(args.threads)
     busy_before, own_before = busy_cpu_seconds(), own_cpu_seconds()
     started = time.perf_counter()
     lines = [f"CPU: {cpu_model()}; torch {torch.__version__} (CPU capability "
