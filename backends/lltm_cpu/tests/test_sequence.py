@@ -396,6 +396,25 @@ def test_concurrent_first_calls():
             assert torch.equal(a, b)
 
 
+_THREADS_PROBE = """
+import torch, lltm_core
+from lltm_core.testing import make_sequence_inputs
+lltm_core.get_backend("cpu")
+before = torch.get_num_threads()
+torch.ops.lltm_cpu.sequence_forward(*make_sequence_inputs(3, 8, 4, 40), None, False)  # measures its GEMMs' routes
+print(before, torch.get_num_threads())
+"""
+
+
+def test_first_call_keeps_torchs_threads_in_subprocess():
+    """Measuring the GEMM routes leaves torch's thread count as it was, in a process that never
+    called torch.set_num_threads (it once dropped to one thread for good)."""
+    run = subprocess.run([sys.executable, "-c", _THREADS_PROBE], env={**os.environ, "OMP_NUM_THREADS": "2"},
+                         capture_output=True, text=True, check=True)
+    before, after = map(int, run.stdout.split())
+    assert after == before, run.stdout
+
+
 @pytest.mark.parametrize("reverse", [False, True], ids=["forward", "reverse"])
 def test_brgemm_without_onednn(reverse):
     """With oneDNN turned off, torch's brgemm computes through its own GEMM: same results."""

@@ -231,10 +231,15 @@ double time_us(const Run& run) {
 // (and MKL's, under SingleThreaded).  The region's other threads return at
 // once.  Timing on one thread also keeps the measurement clear of other
 // processes on a shared machine, which delay every multi-threaded call.
+// MKL's one-thread setting is made inside the region only: an
+// at::parallel_for started while it holds on the calling thread leaves that
+// thread's torch at one thread for good, where torch.set_num_threads was
+// never called (measured with torch 2.13's OpenMP build: every call after
+// the first sequence call of a process then ran on one thread).
 template <typename Measure>
 double on_one_thread(const Measure& measure) {
-  const SingleThreaded single_threaded(true);
   if (at::in_parallel_region() || at::get_num_threads() == 1) {
+    const SingleThreaded single_threaded(true);
     return measure();
   }
   double us = 0;
