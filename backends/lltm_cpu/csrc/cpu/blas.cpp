@@ -198,7 +198,7 @@ const char* dtype_name(c10::ScalarType dtype) {
 
 struct Tuning {
   std::mutex mutex;  // held while a key is measured, and to read or add a choice
-  std::map<std::string, Route> chosen;
+  std::map<std::string, int> chosen;  // the index of the option chosen
   std::vector<std::string> report;
 };
 
@@ -254,38 +254,53 @@ double on_one_thread(const Measure& measure) {
   return us;
 }
 
-// The route for `key`: the cached choice, or the fastest of `candidates`,
-// each timed by `time_route(route)` -> us, with the tuning mutex held.
-template <typename TimeRoute>
-Route tuned(const std::string& key, const std::vector<Route>& candidates, const TimeRoute& time_route) {
-  TORCH_INTERNAL_ASSERT(!candidates.empty());
+// The option for `key`: the cached choice, or the fastest of `names`, each
+// timed by `time_option(index)` -> us, with the tuning mutex held.  A single
+// option is reported with `single_note`.
+template <typename TimeOption>
+int tuned_index(const std::string& key, const std::vector<const char*>& names, const TimeOption& time_option,
+                const char* single_note) {
+  TORCH_INTERNAL_ASSERT(!names.empty());
   Tuning& state = tuning();
   const std::lock_guard<std::mutex> lock(state.mutex);
   if (const auto found = state.chosen.find(key); found != state.chosen.end()) {
     return found->second;
   }
-  Route best = candidates.front();
+  int best = 0;
   std::ostringstream line;
   line.precision(3);
-  if (candidates.size() > 1) {
+  if (names.size() > 1) {
     double best_us = 0;
     std::ostringstream times;
     times.precision(3);
-    for (const Route route : candidates) {
-      const double us = time_route(route);
-      times << (route == candidates.front() ? "" : ", ") << route_name(route) << ' ' << us << " us";
-      if (route == candidates.front() || us < best_us) {
-        best = route;
+    for (int index = 0; index < static_cast<int>(names.size()); ++index) {
+      const double us = time_option(index);
+      times << (index == 0 ? "" : ", ") << names[index] << ' ' << us << " us";
+      if (index == 0 || us < best_us) {
+        best = index;
         best_us = us;
       }
     }
-    line << key << ": " << route_name(best) << " (measured: " << times.str() << ')';
+    line << key << ": " << names[best] << " (measured: " << times.str() << ')';
   } else {
-    line << key << ": " << route_name(best) << (requested_route().has_value() ? " (LLTM_CPU_GEMM)" : " (the only one)");
+    line << key << ": " << names[0] << ' ' << single_note;
   }
   state.chosen.emplace(key, best);
   state.report.push_back(line.str());
   return best;
+}
+
+// The route for `key`: the cached choice, or the fastest of `candidates`,
+// each timed by `time_route(route)` -> us, with the tuning mutex held.
+template <typename TimeRoute>
+Route tuned(const std::string& key, const std::vector<Route>& candidates, const TimeRoute& time_route) {
+  std::vector<const char*> names;
+  for (const Route route : candidates) {
+    names.push_back(route_name(route));
+  }
+  const int index = tuned_index(key, names, [&](int i) { return time_route(candidates[i]); },
+                                requested_route().has_value() ? "(LLTM_CPU_GEMM)" : "(the only one)");
+  return candidates[index];
 }
 
 // Test data for timing: small values, never denormal.
@@ -426,6 +441,33 @@ const char* route_name(Route route) {
       return "aten";
   }
   return "?";
+}
+
+const char* split_name(Split split) { return split == Split::kRows ? "rows" : "columns"; }
+
+std::optional<Split> requested_split() {
+  static const std::optional<Split> split = []() -> std::optional<Split> {
+    const char* env = std::getenv("LLTM_CPU_SPLIT");
+    const std::string wanted = env == nullptr ? "" : env;
+    for (const Split candidate : {Split::kRows, Split::kColumns}) {
+      if (wanted == split_name(candidate)) {
+        return candidate;
+      }
+    }
+    TORCH_CHECK(wanted.empty(), "lltm_cpu: LLTM_CPU_SPLIT must be rows or columns (or unset), got '", wanted, "'");
+    return std::nullopt;
+  }();
+  return split;
+}
+
+Split tuned_split(const std::string& key, const std::function<double(Split)>& time_split) {
+  if (const std::optional<Split> forced = requested_split()) {
+    tuned_index(key, {split_name(*forced)}, [](int) { return 0.0; }, "(LLTM_CPU_SPLIT)");
+    return *forced;
+  }
+  const Split options[] = {Split::kRows, Split::kColumns};
+  return options[tuned_index(key, {split_name(Split::kRows), split_name(Split::kColumns)},
+                             [&](int index) { return time_split(options[index]); }, "")];
 }
 
 std::vector<std::string> gemm_routes() {
