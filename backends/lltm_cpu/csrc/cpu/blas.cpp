@@ -554,18 +554,31 @@ RightOperand<scalar_t>::RightOperand(Route route, bool trans_b, int64_t max_m, i
       }
     }
   };
-  // The same in panels (kPanelColumns): column col of row `row` of op(B) in
-  // its panel's k x width block, which begins at element (panel's first column) * k.
+  // The same in panels (kPanelColumns): op(B)'s columns [first, first +
+  // width) as a k x width block at element first * k.  Panel by panel, so
+  // that the copy reads whole cache lines of B and writes a small block at a
+  // time: at S512 laying out the forward's W_h^T took ~0.9 ms a thread a
+  // call element by element in 16 x 16 tiles, against a step's ~0.2 ms.
   const auto panelled_copy = [&](float* out) {
-    constexpr int64_t kTile = 16;
-    for (int64_t row0 = 0; row0 < k; row0 += kTile) {
-      for (int64_t col0 = 0; col0 < n; col0 += kTile) {
-        for (int64_t row = row0; row < std::min(row0 + kTile, k); ++row) {
-          for (int64_t col = col0; col < std::min(col0 + kTile, n); ++col) {
-            const int64_t first = col / kPanelColumns * kPanelColumns;
-            const int64_t width = std::min(kPanelColumns, n - first);
-            out[first * k + row * width + (col - first)] =
-                static_cast<float>(trans_b ? b[col * ldb + row] : b[row * ldb + col]);
+    constexpr int64_t kStrip = 16;  // rows of op(B) (elements of a row of B, where trans_b) at a time
+    for (int64_t first = 0; first < n; first += kPanelColumns) {
+      const int64_t width = std::min(kPanelColumns, n - first);
+      float* panel = out + first * k;
+      if (trans_b) {  // op(B)[row][col] = b[col * ldb + row]
+        for (int64_t row0 = 0; row0 < k; row0 += kStrip) {
+          const int64_t rows = std::min(kStrip, k - row0);
+          for (int64_t col = 0; col < width; ++col) {
+            const scalar_t* source = b + (first + col) * ldb + row0;
+            for (int64_t row = 0; row < rows; ++row) {
+              panel[(row0 + row) * width + col] = static_cast<float>(source[row]);
+            }
+          }
+        }
+      } else {
+        for (int64_t row = 0; row < k; ++row) {
+          const scalar_t* source = b + row * ldb + first;
+          for (int64_t col = 0; col < width; ++col) {
+            panel[row * width + col] = static_cast<float>(source[col]);
           }
         }
       }
