@@ -301,52 +301,105 @@ std::pair<int64_t, int64_t> owned_columns(const ColumnBlocks& columns, int64_t f
   return {columns.begin(first), columns.end(last - 1)};
 }
 
-// Microseconds per step of the partition's recurrent GEMMs (and, for the
-// column split, its barrier), all threads at once, on the real weights and
-// made-up rows: rounds of a few steps after a warm-up step, timed until
-// about a millisecond has passed (at least 3 rounds), the fastest round.
+// Microseconds per step of the time loop on this partition, all threads at
+// once: each step's recurrent GEMM on the real weights and its pointwise
+// pass (and, for the column split, its barrier), on made-up state in
+// buffers of the real sizes, h_t (forward) or d_gates_t (backward) feeding
+// the next step's GEMM as in the loop.  The pass is timed too: the column
+// split's threads wait for each other every step, so what one thread's pass
+// or GEMM loses to the other's, the barrier shows (T64 B16 S128: the GEMMs
+// and barrier alone measured the splits equal, the loop ran ~5% slower by
+// columns).  Rounds of a few steps after a warm-up step, timed until about a
+// millisecond has passed (at least 3 rounds), the fastest round; the state
+// is reset before each round, so that nothing grows or decays into
+// denormals.
 template <typename scalar_t>
 double time_partition(const Partition& partition, bool forward, int64_t B, int64_t S, const scalar_t* w,
                       int64_t ldw) {
   using acc_t = at::opmath_type<scalar_t>;
   constexpr int64_t kStepsPerRound = 4;
-  const int64_t k = forward ? S : 3 * S, n = forward ? 3 * S : S;
-  std::vector<scalar_t> a(B * k);
-  for (int64_t i = 0; i < B * k; ++i) {
-    a[i] = static_cast<scalar_t>(0.01f * static_cast<float>(i % 13) - 0.05f);
-  }
-  std::vector<acc_t> c(B * n, acc_t(0));
+  const auto made_up = [](int64_t count, float base) {
+    std::vector<scalar_t> data(std::max<int64_t>(count, 1));
+    for (int64_t i = 0; i < count; ++i) {
+      data[i] = static_cast<scalar_t>(base + 0.01f * static_cast<float>(i % 13) - 0.06f);
+    }
+    return data;
+  };
+  // Forward: the gates, two h buffers (read one, write the other), c.
+  // Backward: the saved gates and tanh(c_t), two d_gates buffers, the
+  // carried gradients, the bias sums.
+  std::vector<scalar_t> gates = made_up(B * 3 * S, 0.5f), saved_tanh = made_up(B * S, 0.3f),
+                        upstream = made_up(B * S, 0.1f);
+  std::vector<scalar_t> ping_pong[2] = {made_up(B * (forward ? S : 3 * S), 0.1f),
+                                        made_up(B * (forward ? S : 3 * S), 0.1f)};
+  const std::vector<scalar_t> zero_bias(3 * S, scalar_t(0));
+  std::vector<acc_t> product(B * 3 * S), cell(B * S), carried_h(B * S), bias_sums(partition.count() * 3 * S);
+  const auto reset_state = [&] {
+    std::fill(cell.begin(), cell.end(), acc_t(0));
+    std::fill(carried_h.begin(), carried_h.end(), acc_t(0));
+    std::fill(product.begin(), product.end(), acc_t(0));  // backward: the carried gradient of c
+  };
+  const auto forward_pass = pointwise_kernels<scalar_t>().sequence_forward;
+  const auto backward_pass = pointwise_kernels<scalar_t>().sequence_backward;
   double best_us = 0;
   std::atomic<bool> stop{false};
   run_partition(partition, [&](int64_t first, int64_t last, SpinBarrier& barrier) {
     const int64_t weight = last - first;
-    // Each block's operands and rows, built on its thread.
-    std::vector<std::pair<std::unique_ptr<BlockOperands<scalar_t>>, std::pair<int64_t, int64_t>>> blocks;
-    if (partition.by_rows()) {
+    const bool by_rows = partition.by_rows();
+    struct Block {
+      std::unique_ptr<BlockOperands<scalar_t>> operands;
+      int64_t row_begin, row_end, col_begin, col_end;
+    };
+    std::vector<Block> blocks;  // this thread's, each with its operands built on this thread
+    if (by_rows) {
       for (int64_t block = first; block < last; ++block) {
-        blocks.emplace_back(std::make_unique<BlockOperands<scalar_t>>(partition.route, forward,
-                                                                      partition.rows.max_rows(), S, w, ldw, 0, S,
-                                                                      true),
-                            std::pair{partition.rows.begin(block), partition.rows.end(block)});
+        blocks.push_back({std::make_unique<BlockOperands<scalar_t>>(partition.route, forward,
+                                                                    partition.rows.max_rows(), S, w, ldw, 0, S, true),
+                          partition.rows.begin(block), partition.rows.end(block), 0, S});
       }
     } else {
       const auto [col_begin, col_end] = owned_columns(partition.columns, first, last);
-      blocks.emplace_back(
-          std::make_unique<BlockOperands<scalar_t>>(partition.route, forward, B, S, w, ldw, col_begin, col_end, false),
-          std::pair<int64_t, int64_t>{0, B});
+      blocks.push_back(
+          {std::make_unique<BlockOperands<scalar_t>>(partition.route, forward, B, S, w, ldw, col_begin, col_end, false),
+           0, B, col_begin, col_end});
     }
+    int64_t parity = 0;
     const auto step = [&] {
-      for (const auto& [operands, rows] : blocks) {
-        operands->multiply(rows.second - rows.first, a.data() + rows.first * k, k, true, c.data() + rows.first * n,
-                           n);
+      const scalar_t* in = ping_pong[parity].data();
+      scalar_t* out = ping_pong[1 - parity].data();
+      for (int64_t index = 0; index < static_cast<int64_t>(blocks.size()); ++index) {
+        const Block& b = blocks[index];
+        const int64_t rows = b.row_end - b.row_begin;
+        acc_t* bias_sum = bias_sums.data() + (by_rows ? first + index : 0) * 3 * S;
+        if (forward) {
+          b.operands->multiply(rows, in + b.row_begin * S, S, false, product.data() + b.row_begin * 3 * S, 3 * S);
+          forward_pass({gates.data() + b.row_begin * 3 * S, zero_bias.data(), product.data() + b.row_begin * 3 * S,
+                        cell.data() + b.row_begin * S, nullptr, out + b.row_begin * S, nullptr, nullptr, 0, rows, S,
+                        b.col_begin, b.col_end});
+        } else {
+          backward_pass({upstream.data() + b.row_begin * S, S, false, carried_h.data() + b.row_begin * S,
+                         product.data() + b.row_begin * S, gates.data() + b.row_begin * 3 * S,
+                         saved_tanh.data() + b.row_begin * S, out + b.row_begin * 3 * S, bias_sum, nullptr, 0, rows,
+                         S, b.col_begin, b.col_end});
+        }
       }
-      if (!partition.by_rows()) {
+      if (!by_rows) {
         barrier.wait(weight);
       }
+      if (!forward) {
+        for (const Block& b : blocks) {
+          b.operands->multiply(b.row_end - b.row_begin, out + b.row_begin * 3 * S, 3 * S, false,
+                               carried_h.data() + b.row_begin * S, S);
+        }
+      }
+      parity = 1 - parity;
     };
     step();  // first-use costs
     double total_us = 0;
     for (int64_t round = 0; !stop.load(); ++round) {
+      if (first == 0) {
+        reset_state();
+      }
       barrier.wait(weight);
       const auto start = std::chrono::steady_clock::now();
       for (int64_t i = 0; i < kStepsPerRound; ++i) {
