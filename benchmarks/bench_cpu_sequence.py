@@ -34,10 +34,12 @@ T32 B64):
   every forward did before contract v3), to show the chunked one is no slower;
 * float32 only, ``its GEMMs alone``: the GEMMs lltm_cpu's sequence kernels run
   on this CPU and nothing else, from C++ (compiled here with ninja): the
-  per-step GEMMs on torch's brgemm, the state columns split between the
-  threads (W_h's slices in panels of 64 columns, one spin barrier a step),
-  the others on oneDNN's matmul (the routes and split lltm_cpu measured
-  fastest here at T32 B64; the header lists them): one input projection and
+  per-step GEMMs on torch's brgemm, split between the threads as lltm_cpu
+  chose for the shape (by batch rows, each thread on all of W_h, or by state
+  columns, each on its slices of W_h with one spin barrier a step; W_h laid
+  out in panels of 64 columns either way), the others on oneDNN's matmul
+  (the routes and splits lltm_cpu measured fastest here; the header lists
+  them): one input projection and
   T recurrent GEMMs forward; T recurrent GEMMs, the three weight-gradient
   GEMMs and the d_input GEMM backward;
 * float32 only, ``its GEMMs alone, at::addmm per step``: the same GEMMs, all
@@ -106,10 +108,9 @@ TARGETS = [
 
 # The GEMMs of lltm_cpu's sequence kernels and nothing else, from C++: with
 # ATen's GEMMs throughout (at::addmm_out per step, MKL-threaded), and with the
-# GEMMs the kernels themselves run on this CPU (brgemm per step, the state
-# columns split between the threads, each on its slices of W_h laid out in
-# panels of 64 columns, one spin barrier a step; oneDNN's matmul for the
-# GEMMs over all steps).
+# GEMMs the kernels themselves run on this CPU (brgemm per step, split by
+# batch rows or by state columns as lltm_cpu chose, W_h laid out in panels
+# of 64 columns; oneDNN's matmul for the GEMMs over all steps).
 _CPP = r"""
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
@@ -193,6 +194,17 @@ struct Barrier {
   alignas(64) std::atomic<int64_t> generation{0};
 };
 
+// Or the batch rows split into one block per thread, no barrier.
+template <typename Block>
+void for_row_blocks(int64_t B, const Block& block) {
+  const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), B));
+  at::parallel_for(0, blocks, 1, [&](int64_t first, int64_t last) {
+    for (int64_t k = first; k < last; ++k) {
+      block(k * B / blocks, (k + 1) * B / blocks);
+    }
+  });
+}
+
 template <typename Block>
 void for_column_blocks(int64_t S, const Block& block) {
   const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), S / 32));
@@ -227,10 +239,19 @@ void panel_brgemm(int64_t m, int64_t k, const float* a, int64_t lda, const std::
 }
 
 void own_forward(const at::Tensor& input, const at::Tensor& w_x, const at::Tensor& bias, const at::Tensor& w_h,
-                 const at::Tensor& h, at::Tensor& gates) {
+                 const at::Tensor& h, at::Tensor& gates, bool by_columns) {
   const int64_t T = input.size(0), B = input.size(1), S = w_h.size(1);
   at::native::mkldnn_matmul(input.view({T * B, -1}), w_x.t(), gates.view({T * B, -1}), 0.0f, 1.0f);
   std::vector<float> product(B * 3 * S);  // lltm_cpu's pointwise pass adds it to the gates
+  if (!by_columns) {
+    for_row_blocks(B, [&](int64_t r0, int64_t r1) {
+      const std::vector<float> p = panels(w_h.data_ptr<float>(), S, true, S, 0, 3 * S);  // all of W_h^T
+      for (int64_t t = 0; t < T; ++t) {
+        panel_brgemm(r1 - r0, S, h.data_ptr<float>() + r0 * S, S, p, 0, 3 * S, product.data() + r0 * 3 * S, 3 * S);
+      }
+    });
+    return;
+  }
   for_column_blocks(S, [&](int64_t j0, int64_t j1, Barrier& barrier) {
     std::vector<std::vector<float>> gate_panels;
     for (int64_t g = 0; g < 3; ++g) {  // W_h's rows g*S + j0 .. g*S + j1, transposed
@@ -247,8 +268,19 @@ void own_forward(const at::Tensor& input, const at::Tensor& w_x, const at::Tenso
 
 void own_backward(const at::Tensor& grad_gates, const at::Tensor& w_x, const at::Tensor& w_h,
                   const at::Tensor& input, const at::Tensor& output, const at::Tensor& h0, at::Tensor& grad_h,
-                  at::Tensor& grad_w_h, at::Tensor& grad_w_x, at::Tensor& grad_input) {
+                  at::Tensor& grad_w_h, at::Tensor& grad_w_x, at::Tensor& grad_input, bool by_columns) {
   const int64_t T = input.size(0), S = w_h.size(1), B = input.size(1);
+  if (!by_columns) {
+    for_row_blocks(B, [&](int64_t r0, int64_t r1) {
+      const std::vector<float> p = panels(w_h.data_ptr<float>(), S, false, 3 * S, 0, S);  // all of W_h
+      for (int64_t t = T - 1; t >= 0; --t) {
+        panel_brgemm(r1 - r0, 3 * S, grad_gates.data_ptr<float>() + (t * B + r0) * 3 * S, 3 * S, p, 0, S,
+                     grad_h.data_ptr<float>() + r0 * S, S);
+      }
+    });
+    own_after_loop(grad_gates, w_x, input, output, h0, grad_w_h, grad_w_x, grad_input);
+    return;
+  }
   for_column_blocks(S, [&](int64_t j0, int64_t j1, Barrier& barrier) {
     const std::vector<float> p = panels(w_h.data_ptr<float>(), S, false, 3 * S, j0, j1);  // W_h's columns j0 .. j1
     for (int64_t t = T - 1; t >= 0; --t) {
@@ -362,9 +394,27 @@ def make_candidates(size: dict, dtype: torch.dtype, gemms, with_loop: bool) -> d
 
         return {"train": train, "infer": infer}
 
-    out[OWN_GEMMS] = gemm_steps(gemms.own_forward, gemms.own_backward)
+    # The split lltm_cpu measured faster for this shape (check_layer's calls below chose it before any is timed).
+    def own_forward(*args):
+        gemms.own_forward(*args, lltm_split(B, S, "forward") == "columns")
+
+    def own_backward(*args):
+        gemms.own_backward(*args, lltm_split(B, S, "backward") == "columns")
+
+    out[OWN_GEMMS] = gemm_steps(own_forward, own_backward)
     out[ATEN_GEMMS] = gemm_steps(gemms.aten_forward, gemms.aten_backward)
     return check_layer(out, size, dtype, x, layer, run_loop, cell)
+
+
+def lltm_split(batch: int, state_size: int, direction: str) -> str:
+    """The time-loop split ("rows" or "columns") lltm_cpu chose for float32 at this B and S, from its
+    gemm_routes() ("time loop float32 B64 S512 threads 2 forward: columns (measured: ...)")."""
+    for line in torch.ops.lltm_cpu.gemm_routes():
+        key, _, rest = line.partition(": ")
+        words = key.split()
+        if key.startswith(f"time loop float32 B{batch} S{state_size} ") and direction in words:
+            return rest.split()[0]
+    return "rows"  # not split (one thread, or too small)
 
 
 def check_layer(out: dict, size: dict, dtype: torch.dtype, x, layer, run_loop, cell) -> dict:
@@ -499,20 +549,25 @@ Measured before changing the kernels, this CPU, 2 threads:
 {predictions}
 
 - Where the time went (each candidate's median over {which}; float32 has the
-  GEMMs-alone rows, which now run the column split with panels):
+  GEMMs-alone rows, which now run the split lltm_cpu chose, with panels):
 
 {breakdown}
 
 - Instrumented after the changes (float32 T32 B64 forward, column split, one
-  call): each thread's GEMM 190-200 us a step (the tuner's timing of the
-  same work: 191 us), the pass 32-36 us, waiting at the barrier 1-5 us; the
-  input projection 3.5-3.9 ms; laying out the threads' slices of W_h
-  0.3-0.4 ms a call.  Two changes found on the way: the GEMM's product now
-  goes into a buffer of its own, not into the projection's rows, which the
-  projection left in L3 (225 -> 198 us a step); and the panels' layout is
-  written panel by panel (0.9 -> 0.3-0.4 ms a call).  The split's choice
-  and timings are in the header (`time loop ...`); at T64 B16 rows and
-  columns measure within a few per cent, so either may be chosen.
+  call): each thread's GEMM 190-200 us a step, the pass 32-36 us, waiting
+  at the barrier 1-5 us; the input projection 3.5-3.9 ms; laying out the
+  threads' slices of W_h 0.3-0.4 ms a call.  Three changes found on the
+  way: the GEMM's product now goes into a buffer of its own, not into the
+  projection's rows, which the projection left in L3 (225 -> 198 us a
+  step); the panels' layout is written panel by panel (0.9 -> 0.3-0.4 ms a
+  call); and the splits are timed on whole steps, pointwise pass included.
+  Timed on their GEMMs and barrier alone, rows and columns measured equal
+  at T64 B16 (3.30 against 3.31 us) and columns was often chosen, but the
+  loop ran slower by columns (forward + backward 0.70-0.73x against
+  0.67-0.68x before): a thread waits at every step's barrier for whatever
+  the other loses in its pass.  On whole steps rows wins there clearly
+  (5.3 against 6.3 us forward) and columns at T32 B64 (275 against 287 us).
+  The choices and their timings are in the header (`time loop ...`).
 - Also fixed: in a process that never called torch.set_num_threads, the
   first sequence call's route tuning left torch on one thread for good
   (MKL's one-thread setting held across a parallel region).  This benchmark
