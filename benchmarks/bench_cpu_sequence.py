@@ -568,6 +568,19 @@ Measured before changing the kernels, this CPU, 2 threads:
   the other loses in its pass.  On whole steps rows wins there clearly
   (5.3 against 6.3 us forward) and columns at T32 B64 (275 against 287 us).
   The choices and their timings are in the header (`time loop ...`).
+- This session's machine was noisy in a way the quiet check cannot see (no
+  other process ran; the VM runs DAMON with a pageout scheme): in most
+  benchmark processes every candidate slowed by 1.1-1.5x from the second
+  run on (nn.LSTM at T64 B16, forward + backward, ~3000 us against ~2000 us
+  in a first run or a fresh process; lltm-cpu's bfloat16 T32 B64 forward
+  8.2 ms against 6.4-6.5 ms in a fresh process), with main's build
+  (0812f32) as well as this branch's, so the ratios move with it.  Over
+  seven invocations of the command above after the panels and the separate
+  product (21 runs): float32 T32 B64 0.80-0.89x forward, 0.55-0.77x forward
+  + backward; T64 B16 0.61-0.95x and 0.61-0.73x; bfloat16 T32 B64 forward
+  0.88-1.07x.  Main's build, one invocation in the same conditions: float32
+  T32 B64 0.95-1.05x and 0.68-0.76x, bfloat16 T32 B64 forward 0.94-1.06x.
+  The tables above are the last invocation's.
 - Also fixed: in a process that never called torch.set_num_threads, the
   first sequence call's route tuning left torch on one thread for good
   (MKL's one-thread setting held across a parallel region).  This benchmark
