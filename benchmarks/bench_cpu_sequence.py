@@ -34,11 +34,14 @@ T32 B64):
   every forward did before contract v3), to show the chunked one is no slower;
 * float32 only, ``its GEMMs alone``: the GEMMs lltm_cpu's sequence kernels run
   on this CPU and nothing else, from C++ (compiled here with ninja): the
-  per-step GEMMs on torch's brgemm, one block of batch rows per thread, the
-  others on oneDNN's matmul (the routes lltm_cpu measured fastest here; the
-  header lists them): one input projection and T recurrent GEMMs forward; T
-  recurrent GEMMs, the three weight-gradient GEMMs and the d_input GEMM
-  backward;
+  per-step GEMMs on torch's brgemm, split between the threads as lltm_cpu
+  chose for the shape (by batch rows, each thread on all of W_h, or by state
+  columns, each on its slices of W_h with one spin barrier a step; W_h laid
+  out in panels of 64 columns either way), the others on oneDNN's matmul
+  (the routes and splits lltm_cpu measured fastest here; the header lists
+  them): one input projection and
+  T recurrent GEMMs forward; T recurrent GEMMs, the three weight-gradient
+  GEMMs and the d_input GEMM backward;
 * float32 only, ``its GEMMs alone, at::addmm per step``: the same GEMMs, all
   through ATen into preallocated buffers (``at::addmm_out`` / ``at::mm_out``),
   each MKL-threaded: what the per-step GEMMs cost without lltm_cpu's choices.
@@ -76,16 +79,16 @@ SMALL = dict(steps=64, batch=16, input_features=32, state_size=128)
 LARGE = dict(steps=32, batch=64, input_features=256, state_size=512)
 
 # What the notes' "written down before optimising" predicted for LLTMLayer / nn.LSTM,
-# per (dtype, size, mode).
+# per (dtype, size, mode): this round's (the column split and brgemm's panels).
 PREDICTED = {
     ("float32", "small", "train"): 0.66,
-    ("float32", "small", "infer"): 0.75,
-    ("float32", "large", "train"): 0.65,
-    ("float32", "large", "infer"): 0.82,
-    ("bfloat16", "small", "train"): 1.0,
-    ("bfloat16", "small", "infer"): 1.5,
-    ("bfloat16", "large", "train"): 0.6,
-    ("bfloat16", "large", "infer"): 1.0,
+    ("float32", "small", "infer"): 0.80,
+    ("float32", "large", "train"): 0.64,
+    ("float32", "large", "infer"): 0.85,
+    ("bfloat16", "small", "train"): 0.63,
+    ("bfloat16", "small", "infer"): 0.87,
+    ("bfloat16", "large", "train"): 0.52,
+    ("bfloat16", "large", "infer"): 0.95,
 }
 
 # (dtype, size, mode, candidate, baseline, target): candidate time / baseline time must be at most target.
@@ -105,14 +108,16 @@ TARGETS = [
 
 # The GEMMs of lltm_cpu's sequence kernels and nothing else, from C++: with
 # ATen's GEMMs throughout (at::addmm_out per step, MKL-threaded), and with the
-# GEMMs the kernels themselves run on this CPU (brgemm per step on a block of
-# rows per thread, on its own transposed copy of W_h; oneDNN's matmul for the
-# GEMMs over all steps).
+# GEMMs the kernels themselves run on this CPU (brgemm per step, split by
+# batch rows or by state columns as lltm_cpu chose, W_h laid out in panels
+# of 64 columns; oneDNN's matmul for the GEMMs over all steps).
 _CPP = r"""
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <ATen/native/CPUBlas.h>
 
+#include <algorithm>
+#include <atomic>
 #include <vector>
 
 namespace at::native {  // exported by libtorch_cpu, its header not installed (see lltm_cpu's blas.cpp)
@@ -169,10 +174,30 @@ void aten_backward(const at::Tensor& grad_gates, const at::Tensor& w_x, const at
   after_loop(grad_gates, w_x, input, output, h0, grad_w_h, grad_w_x, grad_input);
 }
 
-// The per-step GEMMs as lltm_cpu runs them (float32): rows split into one block per thread.
+// The per-step GEMMs as lltm_cpu runs them here (float32): the state columns
+// split into one block per thread (blocks of 32), all rows, one barrier a step.
+struct Barrier {
+  explicit Barrier(int64_t n) : n(n) {}
+  void wait() {
+    const int64_t g = generation.load(std::memory_order_acquire);
+    if (arrived.fetch_add(1, std::memory_order_acq_rel) + 1 == n) {
+      arrived.store(0, std::memory_order_relaxed);
+      generation.store(g + 1, std::memory_order_release);
+      return;
+    }
+    while (generation.load(std::memory_order_acquire) == g) {
+      __builtin_ia32_pause();
+    }
+  }
+  const int64_t n;
+  alignas(64) std::atomic<int64_t> arrived{0};
+  alignas(64) std::atomic<int64_t> generation{0};
+};
+
+// Or the batch rows split into one block per thread, no barrier.
 template <typename Block>
-void for_blocks(int64_t B, const Block& block) {
-  const int64_t blocks = std::min<int64_t>(at::get_num_threads(), B);
+void for_row_blocks(int64_t B, const Block& block) {
+  const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), B));
   at::parallel_for(0, blocks, 1, [&](int64_t first, int64_t last) {
     for (int64_t k = first; k < last; ++k) {
       block(k * B / blocks, (k + 1) * B / blocks);
@@ -180,35 +205,88 @@ void for_blocks(int64_t B, const Block& block) {
   });
 }
 
-void own_forward(const at::Tensor& input, const at::Tensor& w_x, const at::Tensor& bias, const at::Tensor& w_h,
-                 const at::Tensor& h, at::Tensor& gates) {
-  const int64_t T = input.size(0), B = input.size(1), S = w_h.size(1);
-  at::native::mkldnn_matmul(input.view({T * B, -1}), w_x.t(), gates.view({T * B, -1}), 0.0f, 1.0f);
-  for_blocks(B, [&](int64_t row_begin, int64_t row_end) {
-    std::vector<float> w_h_t(S * 3 * S);  // (S, 3S)
-    const float* w = w_h.data_ptr<float>();
-    for (int64_t r = 0; r < 3 * S; ++r) {
-      for (int64_t c = 0; c < S; ++c) {
-        w_h_t[c * 3 * S + r] = w[r * S + c];
+template <typename Block>
+void for_column_blocks(int64_t S, const Block& block) {
+  const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), S / 32));
+  Barrier barrier(blocks);
+  at::parallel_for(0, blocks, 1, [&](int64_t first, int64_t last) {
+    block(first * S / blocks / 32 * 32, last == blocks ? S : last * S / blocks / 32 * 32, barrier);
+  });
+}
+
+// op(B)'s columns [c0, c1) (op(B)[r][c] = b[c * ldb + r] if trans_b, else b[r * ldb + c]) as k x 64 panels.
+std::vector<float> panels(const float* b, int64_t ldb, bool trans_b, int64_t k, int64_t c0, int64_t c1) {
+  std::vector<float> out(k * (c1 - c0));
+  for (int64_t first = c0; first < c1; first += 64) {
+    const int64_t width = std::min<int64_t>(64, c1 - first);
+    float* panel = out.data() + (first - c0) * k;
+    for (int64_t r = 0; r < k; ++r) {
+      for (int64_t c = 0; c < width; ++c) {
+        panel[r * width + c] = trans_b ? b[(first + c) * ldb + r] : b[r * ldb + first + c];
       }
     }
+  }
+  return out;
+}
+
+// C's columns [c0, c1) (rows of ldc) = A (m x k) times the panels.
+void panel_brgemm(int64_t m, int64_t k, const float* a, int64_t lda, const std::vector<float>& p, int64_t c0,
+                  int64_t c1, float* c, int64_t ldc) {
+  for (int64_t first = c0; first < c1; first += 64) {
+    const int64_t width = std::min<int64_t>(64, c1 - first);
+    at::native::cpublas::brgemm(m, width, k, lda, width, ldc, false, a, p.data() + (first - c0) * k, c + first);
+  }
+}
+
+void own_forward(const at::Tensor& input, const at::Tensor& w_x, const at::Tensor& bias, const at::Tensor& w_h,
+                 const at::Tensor& h, at::Tensor& gates, bool by_columns) {
+  const int64_t T = input.size(0), B = input.size(1), S = w_h.size(1);
+  at::native::mkldnn_matmul(input.view({T * B, -1}), w_x.t(), gates.view({T * B, -1}), 0.0f, 1.0f);
+  std::vector<float> product(B * 3 * S);  // lltm_cpu's pointwise pass adds it to the gates
+  if (!by_columns) {
+    for_row_blocks(B, [&](int64_t r0, int64_t r1) {
+      const std::vector<float> p = panels(w_h.data_ptr<float>(), S, true, S, 0, 3 * S);  // all of W_h^T
+      for (int64_t t = 0; t < T; ++t) {
+        panel_brgemm(r1 - r0, S, h.data_ptr<float>() + r0 * S, S, p, 0, 3 * S, product.data() + r0 * 3 * S, 3 * S);
+      }
+    });
+    return;
+  }
+  for_column_blocks(S, [&](int64_t j0, int64_t j1, Barrier& barrier) {
+    std::vector<std::vector<float>> gate_panels;
+    for (int64_t g = 0; g < 3; ++g) {  // W_h's rows g*S + j0 .. g*S + j1, transposed
+      gate_panels.push_back(panels(w_h.data_ptr<float>(), S, true, S, g * S + j0, g * S + j1));
+    }
     for (int64_t t = 0; t < T; ++t) {
-      at::native::cpublas::brgemm(row_end - row_begin, 3 * S, S, S, 3 * S, 3 * S, true,
-                                  h.data_ptr<float>() + row_begin * S, w_h_t.data(),
-                                  gates.data_ptr<float>() + (t * B + row_begin) * 3 * S);
+      for (int64_t g = 0; g < 3; ++g) {
+        panel_brgemm(B, S, h.data_ptr<float>(), S, gate_panels[g], g * S + j0, g * S + j1, product.data(), 3 * S);
+      }
+      barrier.wait();
     }
   });
 }
 
 void own_backward(const at::Tensor& grad_gates, const at::Tensor& w_x, const at::Tensor& w_h,
                   const at::Tensor& input, const at::Tensor& output, const at::Tensor& h0, at::Tensor& grad_h,
-                  at::Tensor& grad_w_h, at::Tensor& grad_w_x, at::Tensor& grad_input) {
-  const int64_t T = input.size(0), B = input.size(1), S = w_h.size(1);
-  for_blocks(B, [&](int64_t row_begin, int64_t row_end) {
+                  at::Tensor& grad_w_h, at::Tensor& grad_w_x, at::Tensor& grad_input, bool by_columns) {
+  const int64_t T = input.size(0), S = w_h.size(1), B = input.size(1);
+  if (!by_columns) {
+    for_row_blocks(B, [&](int64_t r0, int64_t r1) {
+      const std::vector<float> p = panels(w_h.data_ptr<float>(), S, false, 3 * S, 0, S);  // all of W_h
+      for (int64_t t = T - 1; t >= 0; --t) {
+        panel_brgemm(r1 - r0, 3 * S, grad_gates.data_ptr<float>() + (t * B + r0) * 3 * S, 3 * S, p, 0, S,
+                     grad_h.data_ptr<float>() + r0 * S, S);
+      }
+    });
+    own_after_loop(grad_gates, w_x, input, output, h0, grad_w_h, grad_w_x, grad_input);
+    return;
+  }
+  for_column_blocks(S, [&](int64_t j0, int64_t j1, Barrier& barrier) {
+    const std::vector<float> p = panels(w_h.data_ptr<float>(), S, false, 3 * S, j0, j1);  // W_h's columns j0 .. j1
     for (int64_t t = T - 1; t >= 0; --t) {
-      at::native::cpublas::brgemm(row_end - row_begin, S, 3 * S, 3 * S, S, S, false,
-                                  grad_gates.data_ptr<float>() + (t * B + row_begin) * 3 * S, w_h.data_ptr<float>(),
-                                  grad_h.data_ptr<float>() + row_begin * S);
+      barrier.wait();  // lltm_cpu's: after the pass that writes d_gates_t
+      panel_brgemm(B, 3 * S, grad_gates.data_ptr<float>() + t * B * 3 * S, 3 * S, p, j0, j1,
+                   grad_h.data_ptr<float>(), S);
     }
   });
   own_after_loop(grad_gates, w_x, input, output, h0, grad_w_h, grad_w_x, grad_input);
@@ -316,9 +394,27 @@ def make_candidates(size: dict, dtype: torch.dtype, gemms, with_loop: bool) -> d
 
         return {"train": train, "infer": infer}
 
-    out[OWN_GEMMS] = gemm_steps(gemms.own_forward, gemms.own_backward)
+    # The split lltm_cpu measured faster for this shape (check_layer's calls below chose it before any is timed).
+    def own_forward(*args):
+        gemms.own_forward(*args, lltm_split(B, S, "forward") == "columns")
+
+    def own_backward(*args):
+        gemms.own_backward(*args, lltm_split(B, S, "backward") == "columns")
+
+    out[OWN_GEMMS] = gemm_steps(own_forward, own_backward)
     out[ATEN_GEMMS] = gemm_steps(gemms.aten_forward, gemms.aten_backward)
     return check_layer(out, size, dtype, x, layer, run_loop, cell)
+
+
+def lltm_split(batch: int, state_size: int, direction: str) -> str:
+    """The time-loop split ("rows" or "columns") lltm_cpu chose for float32 at this B and S, from its
+    gemm_routes() ("time loop float32 B64 S512 threads 2 forward: columns (measured: ...)")."""
+    for line in torch.ops.lltm_cpu.gemm_routes():
+        key, _, rest = line.partition(": ")
+        words = key.split()
+        if key.startswith(f"time loop float32 B{batch} S{state_size} ") and direction in words:
+            return rest.split()[0]
+    return "rows"  # not split (one thread, or too small)
 
 
 def check_layer(out: dict, size: dict, dtype: torch.dtype, x, layer, run_loop, cell) -> dict:
@@ -414,47 +510,37 @@ def verdict(ratios: list[float], target: float) -> str:
 NOTES = """\
 ## Notes
 
-### Written down before optimising (issue 18)
+### Written down before optimising (issue 18, this round: float32 at T32 B64 I256 S512)
 
-This round's changes: each GEMM shape's route measured at its first call
-(`lltm_cpu.gemm_routes()` lists the choices, header above); the GEMMs over all
-steps on oneDNN's matmul where it measures faster than MKL; bfloat16's
-recurrent products and cell state in float, without a dispatcher call per
-step; contract v3's chunked inference forward, which saves nothing.  Figures
-from one thread's CPU time (`time.thread_time`, one torch thread: on this
-shared machine it is what other processes disturb least), this CPU:
+Last round's results (routes measured per shape, oneDNN for the GEMMs over
+all steps, lltm-cpu's own AVX512_BF16 kernel, bfloat16 state in float) met
+six of the eight targets here; float32 at T32 B64 missed, forward 0.96-0.99x
+(target 0.85), forward + backward 0.68-0.75x (target 0.70).  Its notes gave
+the cause: the time loop split the batch rows between the 2 threads, each
+running brgemm for its 32 rows on its own 3 MB copy of W_h^T, streaming all
+of W_h every step.  This round adds a second partition, the state columns
+(each thread its slices of W_h, all 64 rows, one barrier a step), chosen
+against the rows by measurement at each key's first call.
 
-- Why routes by measurement: one thread, M8 N384 K128 (a thread's recurrent
-  GEMM at T64 B16): brgemm 3.1 us, MKL packed 9.2 us, MKL 9.0 us, at::mm
-  9.7 us.  MKL runs its AVX2 kernels here (56 GMAC/s at 2048x1536x256 float32)
-  and oneDNN its AVX-512 ones (107 GMAC/s through `mkldnn_matmul`): the GEMMs
-  over all steps, which last round left on MKL, should take about half as
-  long on oneDNN.  bfloat16: at::mm (oneDNN, AVX512_BF16) 15 us at M8 N384
-  K128 (a dispatcher call and a primitive lookup per step) against 3.3 us for
-  the float micro-kernel on the widened rows; at M32 N1536 K512 at::mm wins,
-  139 us against 311 us (MKL's bfloat16 GEMM: 590 us, AVX2 again).  torch's
-  own bfloat16 brgemm needs a packed B, which torch packs only with AMX:
-  without it its bfloat16 brgemm is a plain loop (33 GMAC/s), so "brgemm"
-  for bfloat16 here means the float micro-kernel.
-- Where the time went before (last round's results, float32, 2 threads):
-  T64 B16 forward + backward 3292 us = GEMMs 2244 + operators' rest 429 +
-  lltm_core/autograd 620; T32 B64 forward + backward 82211 us = GEMMs 79177 +
-  1099 + 1936; at T32 B64 the GEMMs over all steps are about a third of the
-  GEMM time.
-- Predicted (LLTMLayer / nn.LSTM, 2 threads): float32 T64 B16 0.66 training,
-  0.75 inference; T32 B64 0.65 and 0.82 (the GEMMs over all steps about 2x
-  faster on oneDNN).  bfloat16 T64 B16 about 1.0 and 1.5 (its pointwise passes
-  convert every load and store; nn.LSTM's bfloat16 is oneDNN's fused cell),
-  T32 B64 about 0.6 and 1.0.  The chunked inference forward as fast as the
-  saving one (one thread's CPU time: within 1% for 1 to 8 chunks at T32 B64).
-- Then lltm-cpu's own bfloat16 micro-kernel (gemm_bf16_avx512.cpp: vdpbf16ps
-  into float, W_h packed once per sequence), as the route "avx512-bf16":
-  expected about twice the float micro-kernel's rate, since each instruction
-  does two products per lane.  Measured on one thread: 1.5 us at M8 N384 K128
-  (float brgemm on widened rows 3.2 us, at::mm 14 us) and 95-103 us at M32
-  N1536 K512 (at::mm 141 us).  With it, and whole-vector bfloat16 stores in
-  the pointwise passes, the bfloat16 inference forward at T64 B16 (one thread)
-  went from 0.94 ms to 0.60 ms against nn.LSTM's 0.55-0.59 ms (predicted 0.6).
+Measured before changing the kernels, this CPU, 2 threads:
+
+- The time loop's step at T32 B64 (the difference of T32 and T2 calls, I=1):
+  forward 347 us (GEMM + pointwise pass), backward 420 us past the d_W GEMM's
+  share; instrumented, one thread's GEMM took 240-424 us a step, the other's
+  as little as 240 us, the pass 25-31 us: the slower thread sets the pace.
+- A microbenchmark of the step GEMMs alone (torch's brgemm, both threads at
+  once, per step): rows (M32 N1536 K512 a thread) 236-377 us, run to run;
+  columns (M64, three N256 K512 slices a thread) 195-203 us.  Backward rows
+  (M32 N512 K1536) 235-387 us, columns (M64 N256 K1536) 249-309 us.
+  With op(W_h) laid out in panels of 64 columns, one brgemm call per panel
+  (each panel stays in the 1 MB L2 while the rows pass over it): rows
+  203-207 us forward and 200-205 us backward, columns 195-198 and 194-196.
+  At T64 B16 S128 (W_h in L2 either way) every variant took 3.3-4.2 us.
+- Predicted: the column split alone saves ~45 us a step forward, forward
+  0.99x -> ~0.89x (short of 0.85); with the panels ~0.85x, and the
+  backward's ~50-150 us a step less, forward + backward ~0.64x.  T64 B16:
+  the split and panels within a few per cent of the rows (0.66x, 0.80x);
+  bfloat16 (its own kernel, not brgemm) about as before.
 
 ### Checked afterwards
 
@@ -463,22 +549,57 @@ shared machine it is what other processes disturb least), this CPU:
 {predictions}
 
 - Where the time went (each candidate's median over {which}; float32 has the
-  GEMMs-alone rows):
+  GEMMs-alone rows, which now run the split lltm_cpu chose, with panels):
 
 {breakdown}
 
+- Instrumented after the changes (float32 T32 B64 forward, column split, one
+  call): each thread's GEMM 190-200 us a step, the pass 32-36 us, waiting
+  at the barrier 1-5 us; the input projection 3.5-3.9 ms; laying out the
+  threads' slices of W_h 0.3-0.4 ms a call.  Three changes found on the
+  way: the GEMM's product now goes into a buffer of its own, not into the
+  projection's rows, which the projection left in L3 (225 -> 198 us a
+  step); the panels' layout is written panel by panel (0.9 -> 0.3-0.4 ms a
+  call); and the splits are timed on whole steps, pointwise pass included.
+  Timed on their GEMMs and barrier alone, rows and columns measured equal
+  at T64 B16 (3.30 against 3.31 us) and columns was often chosen, but the
+  loop ran slower by columns (forward + backward 0.70-0.73x against
+  0.67-0.68x before): a thread waits at every step's barrier for whatever
+  the other loses in its pass.  On whole steps rows wins there clearly
+  (5.3 against 6.3 us forward) and columns at T32 B64 (275 against 287 us).
+  The choices and their timings are in the header (`time loop ...`).
+- This session's machine was noisy in a way the quiet check cannot see (no
+  other process ran; the VM runs DAMON with a pageout scheme): in most
+  benchmark processes every candidate slowed by 1.1-1.5x from the second
+  run on (nn.LSTM at T64 B16, forward + backward, ~3000 us against ~2000 us
+  in a first run or a fresh process; lltm-cpu's bfloat16 T32 B64 forward
+  8.2 ms against 6.4-6.5 ms in a fresh process), with main's build
+  (0812f32) as well as this branch's, so the ratios move with it.  Over
+  seven invocations of the command above after the panels and the separate
+  product (21 runs): float32 T32 B64 0.80-0.89x forward, 0.55-0.77x forward
+  + backward; T64 B16 0.61-0.95x and 0.61-0.73x; bfloat16 T32 B64 forward
+  0.88-1.07x.  Main's build, one invocation in the same conditions: float32
+  T32 B64 0.95-1.05x and 0.68-0.76x, bfloat16 T32 B64 forward 0.94-1.06x.
+  The tables above are the last invocation's.
+- Also fixed: in a process that never called torch.set_num_threads, the
+  first sequence call's route tuning left torch on one thread for good
+  (MKL's one-thread setting held across a parallel region).  This benchmark
+  sets the threads, so last round's figures were not affected.
+
 ### Not done, and why
 
-- float32 T32 B64 inference: the GEMMs alone take as long as nn.LSTM on two
-  threads (one thread: 0.85x), because the two threads' per-step brgemm
-  calls, each on its own 3 MB copy of W_h^T, scale about 1.25x, not 2x.
-  Sharing one copy between the threads, or splitting the columns rather than
-  the rows between them, would be next; not measured in this round's time.
+- The pointwise pass is now about a seventh of the float32 T32 B64 forward
+  (32-36 us a step, compute-bound on its four exponentials a state element);
+  cheaper activations were not tried.  The layout of W_h's slices is redone
+  at every call (0.3-0.4 ms); caching it across calls, keyed by the weights'
+  version counter, was not tried.
 - AMX and an AVX2-only CPU: this CPU has AVX-512 and AVX512_BF16 and no AMX,
-  so no AMX figure is claimed.  Where torch can pack for its bfloat16 brgemm
-  (AMX), that route is offered and timed like the others;
-  `ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2` would show the AVX2
-  picture here (the avx512-bf16 route then drops out), not measured.
+  so no AMX figure is claimed.  The split is measured per process, so an
+  Intel Xeon (where the issue saw MKL win the per-step GEMMs) chooses its
+  own; not measured here.  `ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2`
+  would show the AVX2 picture here, not measured.
+- Bit-for-bit equal runs need the split fixed as well as the GEMM routes
+  (`LLTM_CPU_SPLIT=rows`): the two sum the bias gradient in other orders.
 - Multi-layer: lltm_core composes the layers (one sequence call per layer and
   direction) and that is left so, as last round.
 """
@@ -575,6 +696,7 @@ def main() -> None:
         runs.append((medians, others))
 
     gemm = os.environ.get("LLTM_CPU_GEMM", "(unset)")
+    split = os.environ.get("LLTM_CPU_SPLIT", "(unset)")
     lines = [
         "# lltm-cpu sequence kernels against torch.nn.LSTM",
         "",
@@ -582,13 +704,13 @@ def main() -> None:
         "",
         f"Command: `python {' '.join(sys.argv)}`",
         "",
-        f"torch {torch.__version__}, Python {platform.python_version()}, LLTM_CPU_GEMM={gemm}. "
+        f"torch {torch.__version__}, Python {platform.python_version()}, LLTM_CPU_GEMM={gemm}, LLTM_CPU_SPLIT={split}. "
         f"{', '.join(dtypes)}, nn.LSTM in the same dtype; one layer and direction, zero initial state, the input "
         f"requiring grad. Interleaved rounds; the tables show the last run's medians over all its calls, the "
         f"targets each run's median of per-round ratios (candidate / baseline in the same round); {args.runs} runs.",
         "",
-        "GEMM routes lltm_cpu chose in this process (`lltm_cpu.gemm_routes()`: the first call of each shape timed "
-        "every route):",
+        "GEMM routes and time-loop splits lltm_cpu chose in this process (`lltm_cpu.gemm_routes()`: the first call "
+        "of each GEMM shape timed every route, of each time loop both splits):",
         "",
         *(f"- {line}" for line in lltm_cpu.gemm_routes()),
         "",

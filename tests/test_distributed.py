@@ -92,10 +92,11 @@ def _run_together(cwd: Path, commands: list[list[str]]) -> list[str]:
     # One thread per process, as torchrun sets for more than one process per node: two cores, and the
     # same arithmetic in every launch.
     env = {**os.environ, "OMP_NUM_THREADS": "1",
-           # lltm-cpu picks each GEMM's route by timing it in each process, so two launches may round
-           # differently; bit-for-bit equal runs need every route fixed, as the README's training
-           # section says.  (Harmless where lltm-cpu is not installed.)
-           "LLTM_CPU_GEMM": "aten"}
+           # lltm-cpu picks each GEMM's route and its time loop's split by timing them in each
+           # process, so two launches may round differently; bit-for-bit equal runs need every route
+           # and the split fixed, as the README's training section says.  (Harmless where lltm-cpu
+           # is not installed; with one thread the loop is not split.)
+           "LLTM_CPU_GEMM": "aten", "LLTM_CPU_SPLIT": "rows"}
     procs = [subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                               start_new_session=True) for cmd in commands]
     deadline = time.monotonic() + DEADLINE_S

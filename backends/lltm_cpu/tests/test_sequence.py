@@ -340,8 +340,9 @@ def routes_chosen() -> dict:
 def test_routes_measured_once_per_shape(dtype):
     """The first call of a shape chooses each GEMM's route among those this torch offers the dtype;
     later calls of that shape reuse the choice; a new shape gets its own."""
-    if os.environ.get("LLTM_CPU_GEMM"):
-        pytest.skip(f"LLTM_CPU_GEMM={os.environ['LLTM_CPU_GEMM']} chose the route")
+    for variable in ("LLTM_CPU_GEMM", "LLTM_CPU_SPLIT"):
+        if os.environ.get(variable):
+            pytest.skip(f"{variable}={os.environ[variable]} chose the route or the GEMMs' shapes")
     offered = {torch.float32: {"brgemm", "mkl-packed", "mkl", "aten"}, torch.float64: {"mkl", "aten"},
                torch.bfloat16: {"brgemm", "avx512-bf16", "mkl", "aten"}}[dtype]
     name = {torch.float32: "float32", torch.float64: "float64", torch.bfloat16: "bfloat16"}[dtype]
@@ -388,12 +389,32 @@ def test_concurrent_first_calls():
     for thread in threads:
         thread.join()
     assert not errors, errors
-    keys = [line for line in torch.ops.lltm_cpu.gemm_routes() if f" N{3 * S} K{S} " in line]
+    # One forward recurrent GEMM shape, measured once (its N is 3S, or a block of columns' with LLTM_CPU_SPLIT).
+    keys = [line for line in torch.ops.lltm_cpu.gemm_routes() if line.startswith("recurrent ") and f" K{S} B^T " in line]
     assert len(keys) == 1, keys
     want = torch.ops.lltm_cpu.sequence_forward(*inputs, None, False, True)
     for got in results:
         for a, b in zip(got, want):
             assert torch.equal(a, b)
+
+
+_THREADS_PROBE = """
+import torch, lltm_core
+from lltm_core.testing import make_sequence_inputs
+lltm_core.get_backend("cpu")
+before = torch.get_num_threads()
+torch.ops.lltm_cpu.sequence_forward(*make_sequence_inputs(3, 8, 4, 40), None, False)  # measures its GEMMs' routes
+print(before, torch.get_num_threads())
+"""
+
+
+def test_first_call_keeps_torchs_threads_in_subprocess():
+    """Measuring the GEMM routes leaves torch's thread count as it was, in a process that never
+    called torch.set_num_threads (it once dropped to one thread for good)."""
+    run = subprocess.run([sys.executable, "-c", _THREADS_PROBE], env={**os.environ, "OMP_NUM_THREADS": "2"},
+                         capture_output=True, text=True, check=True)
+    before, after = map(int, run.stdout.split())
+    assert after == before, run.stdout
 
 
 @pytest.mark.parametrize("reverse", [False, True], ids=["forward", "reverse"])
@@ -513,3 +534,164 @@ def test_same_results_for_any_thread_count(threads):
     # MKL's GEMMs may round a block of rows differently from the whole batch.
     for a, b in zip(got, want):
         assert max_rel_error(a, b) <= tolerance(torch.float32)
+
+
+# ---- The time loop's partition: blocks of batch rows or of state columns (blas::tuned_split).
+
+SPLITS = ["rows", "columns"]
+
+
+def split_lines(key_part: str = "") -> dict:
+    """{key: rest} of this process's "time loop ..." choices so far."""
+    return {key: rest for key, rest in (line.split(": ", 1) for line in torch.ops.lltm_cpu.gemm_routes())
+            if key.startswith("time loop ") and key_part in key}
+
+
+def measured_times(rest: str) -> dict:
+    """"columns (measured: rows 3.1 us, columns 2.9 us)" -> {"rows": 3.1, "columns": 2.9}."""
+    inside = rest.split("(measured: ", 1)[1].rstrip(")")
+    return {name: float(us.split()[0]) for name, us in (item.split(" ", 1) for item in inside.split(", "))}
+
+
+def train_once(inputs, lengths=None, reverse=False):
+    inputs = [t.detach().requires_grad_() for t in inputs]
+    outputs = lltm_core.lltm_sequence(*inputs, lengths=lengths, reverse=reverse, backend="cpu")
+    grads = torch.autograd.grad([o.sum() for o in outputs], inputs)
+    return [o.detach() for o in outputs] + list(grads)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_split_measured_once_and_cached(dtype):
+    """With two threads, a problem big enough for both partitions: the first call of its (dtype, B, S,
+    threads, direction) times rows against columns and keeps the faster; later calls reuse it and give
+    the same results, bit for bit."""
+    if os.environ.get("LLTM_CPU_SPLIT"):
+        pytest.skip(f"LLTM_CPU_SPLIT={os.environ['LLTM_CPU_SPLIT']} chose the split")
+    if torch.get_num_threads() < 2:
+        pytest.skip("one thread: the time loop is not split")
+    # B8 S96 is past the work both splits need for a second block (2^18 multiply-adds per block);
+    # S differs per dtype so that no other test has measured the key.
+    T, B, I = 4, 8, 5
+    S = {torch.float32: 96, torch.float64: 97, torch.bfloat16: 98}[dtype]
+    name = {torch.float32: "float32", torch.float64: "float64", torch.bfloat16: "bfloat16"}[dtype]
+    inputs = make_sequence_inputs(T, B, I, S, dtype=dtype)
+    lengths = random_lengths(T, B)
+    threads = torch.get_num_threads()
+    first = train_once(inputs, lengths)
+    chosen = split_lines(f"time loop {name} B{B} S{S} ")
+    assert sorted(chosen) == [f"time loop {name} B{B} S{S} threads {threads} {d}" for d in ("backward", "forward")], chosen
+    for rest in chosen.values():
+        times = measured_times(rest)
+        assert set(times) == set(SPLITS) and all(us > 0 for us in times.values()), rest
+        assert rest.split()[0] == min(times, key=times.get), rest  # the faster one
+    again = train_once(inputs, lengths)
+    assert split_lines(f"time loop {name} B{B} S{S} ") == chosen  # cached: nothing timed again
+    for a, b in zip(first, again):
+        assert torch.equal(a, b)
+
+
+def test_concurrent_first_split_calls():
+    """Threads making the first call of one partition key at once: no crash or hang, one measurement
+    per direction, the same results as a later call.  Their parallel regions then run at once, more
+    threads than cores, which the column split's barrier must survive."""
+    if torch.get_num_threads() < 2:
+        pytest.skip("one thread: the time loop is not split")
+    T, B, I, S = 3, 10, 4, 94  # a key no other test runs
+    inputs = make_sequence_inputs(T, B, I, S)
+    results, errors = [None] * 4, []
+    barrier = threading.Barrier(len(results))
+
+    def call(index):
+        try:
+            barrier.wait()
+            results[index] = train_once(inputs)
+        except Exception as exc:  # re-raised below, in the test's thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=call, args=(i,)) for i in range(len(results))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert not any(thread.is_alive() for thread in threads), "a call hung"
+    assert not errors, errors
+    assert len(split_lines(f" B{B} S{S} ")) == 2  # forward and backward, once each
+    want = train_once(inputs)
+    for got in results:
+        for a, b in zip(got, want):
+            assert torch.equal(a, b)
+
+
+_SPLIT_PROBE = """
+import torch, lltm_core
+from lltm_core.testing import make_sequence_inputs
+lltm_core.get_backend("cpu")
+torch.set_num_threads(2)
+for dtype in (torch.float32, torch.float64, torch.bfloat16):
+    inputs = [t.detach().requires_grad_() for t in make_sequence_inputs(3, 2, 4, 33, dtype=dtype)]
+    output, h_n, c_n = lltm_core.lltm_sequence(*inputs, backend="cpu")
+    (output.sum() + h_n.sum()).backward()
+print("\\n".join(torch.ops.lltm_cpu.gemm_routes()))
+"""
+
+
+@pytest.mark.parametrize("split", SPLITS)
+def test_forced_split_in_subprocess(split, lltm_seed):
+    """LLTM_CPU_SPLIT=<split> is honoured (nothing timed, even for a problem small enough to stay on
+    one thread otherwise), and with it the kit's sequence checks and this file's comparisons with the
+    looped cell (odd sizes, B=1, S=1, lengths, reverse, every dtype) pass, on 2 threads and on 3 (more
+    blocks than this machine may have cores)."""
+    env = {"LLTM_CPU_SPLIT": split}
+    probe = subprocess.run([sys.executable, "-c", _SPLIT_PROBE], env={**os.environ, **env}, capture_output=True,
+                           text=True, check=True)
+    lines = [line for line in probe.stdout.splitlines() if line.startswith("time loop ")]
+    assert len(lines) == 6, probe.stdout  # 3 dtypes, forward and backward
+    assert all(line.endswith(f": {split} (LLTM_CPU_SPLIT)") for line in lines), lines
+    kit = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--pyargs", "lltm_core.testing",
+           "--lltm-backend", "cpu", "--lltm-seed", str(lltm_seed), "-k", "sequence", "-rs"]
+    run = subprocess.run(kit, env={**os.environ, **env, "OMP_NUM_THREADS": "2"}, capture_output=True, text=True)
+    assert run.returncode == 0, f"with LLTM_CPU_SPLIT={split}:\n{run.stdout[-4000:]}{run.stderr[-2000:]}"
+    assert " passed" in run.stdout, run.stdout[-2000:]
+    for threads in ("2", "3"):
+        run = run_this_file({**env, "OMP_NUM_THREADS": threads}, lltm_seed, "-k",
+                            "(matches or inference_forward or any_thread_count) and not in_subprocess")
+        assert run.returncode == 0, (f"with LLTM_CPU_SPLIT={split}, {threads} threads:\n{run.stdout[-4000:]}"
+                                     f"{run.stderr[-2000:]}")
+
+
+def test_bad_split_is_an_error_in_subprocess():
+    run = subprocess.run([sys.executable, "-c", _SPLIT_PROBE], env={**os.environ, "LLTM_CPU_SPLIT": "diagonal"},
+                         capture_output=True, text=True)
+    assert run.returncode != 0
+    assert "LLTM_CPU_SPLIT must be rows or columns (or unset), got 'diagonal'" in run.stderr
+
+
+@pytest.mark.parametrize("reverse", [False, True], ids=["forward", "reverse"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_splits_agree_in_subprocess(dtype, reverse):
+    """Rows and columns forced in two processes compute the same sequence, gradients included, to
+    rounding (the bias gradient sums in another order; nothing else should differ)."""
+    code = """
+import sys, torch, lltm_core
+from lltm_core.testing import make_sequence_inputs
+lltm_core.get_backend("cpu")
+torch.manual_seed(0)
+dtype, reverse = getattr(torch, sys.argv[1]), sys.argv[2] == "1"
+inputs = [t.detach().requires_grad_() for t in make_sequence_inputs(5, 9, 6, 77, dtype=dtype)]
+lengths = torch.tensor([5, 1, 3, 5, 2, 4, 5, 1, 2])
+outputs = lltm_core.lltm_sequence(*inputs, lengths=lengths, reverse=reverse, backend="cpu")
+grads = torch.autograd.grad([o.float().pow(2).sum() for o in outputs], inputs)
+torch.save([o.detach() for o in outputs] + list(grads), sys.argv[3])
+"""
+    import tempfile
+    with tempfile.TemporaryDirectory() as tmp:
+        got = {}
+        for split in SPLITS:
+            path = os.path.join(tmp, f"{split}.pt")
+            subprocess.run([sys.executable, "-c", code, str(dtype).split(".")[1], str(int(reverse)), path],
+                           env={**os.environ, "LLTM_CPU_SPLIT": split, "OMP_NUM_THREADS": "2"}, check=True)
+            got[split] = torch.load(path)
+    for name, a, b in zip(NAMES, got["rows"], got["columns"]):
+        assert max_rel_error(a, b) <= tolerance(dtype), name
+        if dtype != torch.bfloat16 and name != "grad_bias":  # bfloat16 rounds each GEMM's sums differently
+            assert max_rel_error(a, b) <= (1e-5 if dtype == torch.float32 else 1e-12), name

@@ -198,7 +198,7 @@ const char* dtype_name(c10::ScalarType dtype) {
 
 struct Tuning {
   std::mutex mutex;  // held while a key is measured, and to read or add a choice
-  std::map<std::string, Route> chosen;
+  std::map<std::string, int> chosen;  // the index of the option chosen
   std::vector<std::string> report;
 };
 
@@ -231,10 +231,15 @@ double time_us(const Run& run) {
 // (and MKL's, under SingleThreaded).  The region's other threads return at
 // once.  Timing on one thread also keeps the measurement clear of other
 // processes on a shared machine, which delay every multi-threaded call.
+// MKL's one-thread setting is made inside the region only: an
+// at::parallel_for started while it holds on the calling thread leaves that
+// thread's torch at one thread for good, where torch.set_num_threads was
+// never called (measured with torch 2.13's OpenMP build: every call after
+// the first sequence call of a process then ran on one thread).
 template <typename Measure>
 double on_one_thread(const Measure& measure) {
-  const SingleThreaded single_threaded(true);
   if (at::in_parallel_region() || at::get_num_threads() == 1) {
+    const SingleThreaded single_threaded(true);
     return measure();
   }
   double us = 0;
@@ -249,38 +254,59 @@ double on_one_thread(const Measure& measure) {
   return us;
 }
 
-// The route for `key`: the cached choice, or the fastest of `candidates`,
-// each timed by `time_route(route)` -> us, with the tuning mutex held.
-template <typename TimeRoute>
-Route tuned(const std::string& key, const std::vector<Route>& candidates, const TimeRoute& time_route) {
-  TORCH_INTERNAL_ASSERT(!candidates.empty());
+// The option for `key`: the cached choice, or the fastest of `names`, each
+// timed by `time_option(index)` -> us, with the tuning mutex held: `rounds`
+// times in turn, each option's fastest kept (so that a burst of noise on a
+// shared machine, which lasts longer than one timing, is less likely to
+// land on one option alone).  A single option is reported with `single_note`.
+template <typename TimeOption>
+int tuned_index(const std::string& key, const std::vector<const char*>& names, const TimeOption& time_option,
+                const char* single_note, int rounds = 1) {
+  TORCH_INTERNAL_ASSERT(!names.empty());
   Tuning& state = tuning();
   const std::lock_guard<std::mutex> lock(state.mutex);
   if (const auto found = state.chosen.find(key); found != state.chosen.end()) {
     return found->second;
   }
-  Route best = candidates.front();
+  int best = 0;
   std::ostringstream line;
   line.precision(3);
-  if (candidates.size() > 1) {
-    double best_us = 0;
-    std::ostringstream times;
-    times.precision(3);
-    for (const Route route : candidates) {
-      const double us = time_route(route);
-      times << (route == candidates.front() ? "" : ", ") << route_name(route) << ' ' << us << " us";
-      if (route == candidates.front() || us < best_us) {
-        best = route;
-        best_us = us;
+  if (names.size() > 1) {
+    std::vector<double> fastest(names.size(), 0);
+    for (int round = 0; round < rounds; ++round) {
+      for (int index = 0; index < static_cast<int>(names.size()); ++index) {
+        const double us = time_option(index);
+        fastest[index] = round == 0 ? us : std::min(fastest[index], us);
       }
     }
-    line << key << ": " << route_name(best) << " (measured: " << times.str() << ')';
+    std::ostringstream times;
+    times.precision(3);
+    for (int index = 0; index < static_cast<int>(names.size()); ++index) {
+      times << (index == 0 ? "" : ", ") << names[index] << ' ' << fastest[index] << " us";
+      if (fastest[index] < fastest[best]) {
+        best = index;
+      }
+    }
+    line << key << ": " << names[best] << " (measured: " << times.str() << ')';
   } else {
-    line << key << ": " << route_name(best) << (requested_route().has_value() ? " (LLTM_CPU_GEMM)" : " (the only one)");
+    line << key << ": " << names[0] << ' ' << single_note;
   }
   state.chosen.emplace(key, best);
   state.report.push_back(line.str());
   return best;
+}
+
+// The route for `key`: the cached choice, or the fastest of `candidates`,
+// each timed by `time_route(route)` -> us, with the tuning mutex held.
+template <typename TimeRoute>
+Route tuned(const std::string& key, const std::vector<Route>& candidates, const TimeRoute& time_route) {
+  std::vector<const char*> names;
+  for (const Route route : candidates) {
+    names.push_back(route_name(route));
+  }
+  const int index = tuned_index(key, names, [&](int i) { return time_route(candidates[i]); },
+                                requested_route().has_value() ? "(LLTM_CPU_GEMM)" : "(the only one)");
+  return candidates[index];
 }
 
 // Test data for timing: small values, never denormal.
@@ -423,6 +449,35 @@ const char* route_name(Route route) {
   return "?";
 }
 
+const char* split_name(Split split) { return split == Split::kRows ? "rows" : "columns"; }
+
+std::optional<Split> requested_split() {
+  static const std::optional<Split> split = []() -> std::optional<Split> {
+    const char* env = std::getenv("LLTM_CPU_SPLIT");
+    const std::string wanted = env == nullptr ? "" : env;
+    for (const Split candidate : {Split::kRows, Split::kColumns}) {
+      if (wanted == split_name(candidate)) {
+        return candidate;
+      }
+    }
+    TORCH_CHECK(wanted.empty(), "lltm_cpu: LLTM_CPU_SPLIT must be rows or columns (or unset), got '", wanted, "'");
+    return std::nullopt;
+  }();
+  return split;
+}
+
+Split tuned_split(const std::string& key, const std::function<double(Split)>& time_split) {
+  if (const std::optional<Split> forced = requested_split()) {
+    tuned_index(key, {split_name(*forced)}, [](int) { return 0.0; }, "(LLTM_CPU_SPLIT)");
+    return *forced;
+  }
+  const Split options[] = {Split::kRows, Split::kColumns};
+  // Three rounds in turn: the two splits often measure within a few per
+  // cent, closer than this machine's noise from one timing to the next.
+  return options[tuned_index(key, {split_name(Split::kRows), split_name(Split::kColumns)},
+                             [&](int index) { return time_split(options[index]); }, "", /*rounds=*/3)];
+}
+
 std::vector<std::string> gemm_routes() {
   Tuning& state = tuning();
   const std::lock_guard<std::mutex> lock(state.mutex);
@@ -474,6 +529,18 @@ Route recurrent_route(bool trans_b, int64_t max_m, int64_t n, int64_t k, const s
   });
 }
 
+// The float brgemm routes lay op(B) out in panels of this many columns,
+// each a contiguous k x 64 block (the last panel narrower), and call brgemm
+// once per panel: its C tile's columns then take their B values from one
+// small panel, which stays in L2 while every row of A passes over it,
+// rather than from a k x n matrix too large for L2 (3 MB at S512).  The
+// time loop's steps at T32 B64 I256 S512, both threads at once (AMD EPYC
+// Zen 5, 1 MB L2 a core), per step: h W_h^T for 32 rows a thread 377 us
+// unpanelled, 207 us in panels of 64; d_gates W_h 387 us and 205 us; at
+// T64 B16 I32 S128 (W_h 196 KB, in L2 either way) 4.2 us and 3.5 us.
+// Panels of 32 measured the same as 64; 128 and wider lost part of it.
+constexpr int64_t kPanelColumns = 64;
+
 template <typename scalar_t>
 RightOperand<scalar_t>::RightOperand(Route route, bool trans_b, int64_t max_m, int64_t n, int64_t k,
                                      const scalar_t* b, int64_t ldb)
@@ -495,10 +562,40 @@ RightOperand<scalar_t>::RightOperand(Route route, bool trans_b, int64_t max_m, i
       }
     }
   };
+  // The same in panels (kPanelColumns): op(B)'s columns [first, first +
+  // width) as a k x width block at element first * k.  Panel by panel, so
+  // that the copy reads whole cache lines of B and writes a small block at a
+  // time: at S512 laying out the forward's W_h^T took ~0.9 ms a thread a
+  // call element by element in 16 x 16 tiles, against a step's ~0.2 ms.
+  const auto panelled_copy = [&](float* out) {
+    constexpr int64_t kStrip = 16;  // rows of op(B) (elements of a row of B, where trans_b) at a time
+    for (int64_t first = 0; first < n; first += kPanelColumns) {
+      const int64_t width = std::min(kPanelColumns, n - first);
+      float* panel = out + first * k;
+      if (trans_b) {  // op(B)[row][col] = b[col * ldb + row]
+        for (int64_t row0 = 0; row0 < k; row0 += kStrip) {
+          const int64_t rows = std::min(kStrip, k - row0);
+          for (int64_t col = 0; col < width; ++col) {
+            const scalar_t* source = b + (first + col) * ldb + row0;
+            for (int64_t row = 0; row < rows; ++row) {
+              panel[(row0 + row) * width + col] = static_cast<float>(source[row]);
+            }
+          }
+        }
+      } else {
+        for (int64_t row = 0; row < k; ++row) {
+          const scalar_t* source = b + row * ldb + first;
+          for (int64_t col = 0; col < width; ++col) {
+            panel[row * width + col] = static_cast<float>(source[col]);
+          }
+        }
+      }
+    }
+  };
   if constexpr (std::is_same_v<scalar_t, float>) {
     if (route_ == Route::kBrgemm) {
       auto* laid_out = static_cast<float*>(c10::alloc_cpu(n * k * sizeof(float)));
-      transposed_copy(laid_out);
+      panelled_copy(laid_out);
       buffer_ = laid_out;
     } else if (route_ == Route::kMklPacked && fits_int({max_m, n, k, ldb})) {
       const Mkl& f = mkl();
@@ -520,7 +617,7 @@ RightOperand<scalar_t>::RightOperand(Route route, bool trans_b, int64_t max_m, i
       at::native::cpublas::pack(k, n, n, n, c10::kBFloat16, c10::kBFloat16, rows.data(), buffer_);
     } else if (route_ == Route::kBrgemm) {
       auto* widened = static_cast<float*>(c10::alloc_cpu(n * k * sizeof(float)));
-      transposed_copy(widened);
+      panelled_copy(widened);
       buffer_ = widened;
       scratch_ = c10::alloc_cpu(max_m * k * sizeof(float));  // A widened
     } else if (route_ == Route::kAten) {
@@ -550,12 +647,20 @@ void RightOperand<scalar_t>::multiply(int64_t m, const scalar_t* a, int64_t lda,
   }
   // A micro-kernel: a few dozen rows at a time keep its C tile in registers and cache.
   constexpr int64_t kRowsPerCall = 64;
+  // brgemm on the float panels: each panel over all rows, then the next.
+  const auto panelled_brgemm = [&](const float* a_float, int64_t lda_float, auto* c_float) {
+    const auto* panels = static_cast<const float*>(buffer_);
+    for (int64_t first = 0; first < n_; first += kPanelColumns) {
+      const int64_t width = std::min(kPanelColumns, n_ - first);
+      for (int64_t row = 0; row < m; row += kRowsPerCall) {
+        at::native::cpublas::brgemm(std::min(kRowsPerCall, m - row), width, k_, lda_float, width, ldc, accumulate,
+                                    a_float + row * lda_float, panels + first * k_, c_float + row * ldc + first);
+      }
+    }
+  };
   if constexpr (std::is_same_v<scalar_t, float>) {
     if (route_ == Route::kBrgemm) {
-      for (int64_t row = 0; row < m; row += kRowsPerCall) {
-        at::native::cpublas::brgemm(std::min(kRowsPerCall, m - row), n_, k_, lda, n_, ldc, accumulate, a + row * lda,
-                                    static_cast<const float*>(buffer_), c + row * ldc);
-      }
+      panelled_brgemm(a, lda, c);
       return;
     }
     if (route_ == Route::kMklPacked && buffer_ != nullptr && fits_int({lda, ldc})) {
@@ -586,10 +691,7 @@ void RightOperand<scalar_t>::multiply(int64_t m, const scalar_t* a, int64_t lda,
           widened[row * k_ + col] = static_cast<float>(a[row * lda + col]);
         }
       }
-      for (int64_t row = 0; row < m; row += kRowsPerCall) {
-        at::native::cpublas::brgemm(std::min(kRowsPerCall, m - row), n_, k_, k_, n_, ldc, accumulate,
-                                    widened + row * k_, static_cast<const float*>(buffer_), c + row * ldc);
-      }
+      panelled_brgemm(widened, k_, c);
       return;
     }
     if (route_ == Route::kMkl && fits_int({m, n_, k_, lda, ldb_, ldc})) {

@@ -28,12 +28,22 @@
 // without it takes MKL's GEMM (float64 has no brgemm or packed GEMM; only
 // bfloat16 has avx512-bf16, lltm-cpu's own kernel, gemm_bf16_avx512.cpp);
 // "aten" also sends the GEMMs over all steps to ATen.
+//
+// The time loop's partition between threads (lltm_sequence.cpp: blocks of
+// batch rows, or blocks of state columns) is chosen the same way, per
+// (dtype, B, S, threads, direction), under the same mutex, and reported in
+// gemm_routes() as "time loop ...".  LLTM_CPU_SPLIT=rows|columns forces it
+// (read once, at first use), for every problem that more than one thread
+// can run, even one small enough that lltm-cpu would otherwise keep it on
+// one thread (so tests reach both partitions at any size).
 #pragma once
 
 #include <ATen/OpMathType.h>
 #include <c10/core/ScalarType.h>
 
 #include <cstdint>
+#include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -47,6 +57,22 @@ const char* route_name(Route route);
 // The choices made so far in this process, one line per key:
 // "<what> <dtype> M.. N.. K.. threads..: <route> (<route> <us>, ...)".
 std::vector<std::string> gemm_routes();
+
+// How the time loop divides its work between threads: each thread a block
+// of batch rows (all state columns), or a block of state columns (all rows).
+enum class Split { kRows, kColumns };
+
+const char* split_name(Split split);
+
+// LLTM_CPU_SPLIT, read once: the partition asked for, or nullopt to measure.
+std::optional<Split> requested_split();
+
+// The partition for `key`: LLTM_CPU_SPLIT's, else the cached choice, else
+// the faster of the two as time_split(split) measures them (us per step),
+// with the tuning mutex held: concurrent first calls neither time each
+// other nor measure one key twice.  time_split must not choose a GEMM route
+// (recurrent_route takes the same mutex): choose those first.
+Split tuned_split(const std::string& key, const std::function<double(Split)>& time_split);
 
 // C (m x n) = op(A) op(B), plus C's old contents if `accumulate` (else they
 // are never read).  Row-major; op(X) is X^T where trans_x; lda, ldb and ldc are

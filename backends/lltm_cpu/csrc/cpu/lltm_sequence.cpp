@@ -6,10 +6,10 @@
 // gates (T, B, 3S) and tanh(c_t) (T, B, S).
 //
 // Forward: one GEMM projects the input of all T*B rows into a gates buffer;
-// then each step adds its recurrent GEMM h_{t-1} W_h^T into its slice of that
-// buffer (bfloat16: into a float buffer of its own) and one fused pointwise
-// pass (pointwise_impl.h) adds the bias and turns it into the gates, c_t and
-// h_t.
+// then each step's recurrent GEMM h_{t-1} W_h^T goes into a product buffer
+// (in opmath_t: float for bfloat16) and one fused pointwise pass
+// (pointwise_impl.h) adds the product and the bias to the step's slice of
+// the gates buffer and turns it into the gates, c_t and h_t.
 // Inference (needs_backward false, contract v3) saves nothing: it projects
 // the input a chunk of steps at a time into one reused buffer and writes no
 // tanh(c_t), so its memory is the output plus that buffer.
@@ -17,12 +17,27 @@
 // gradient as it goes) and one GEMM d_gates_t W_h the gradient of h_{t-1};
 // after the loop, GEMMs over all steps at once give d_W and d_input.
 //
-// Threads: a batch row's recurrence reads only that row of the previous
-// step, so the time loop runs once per block of batch rows, one block per
-// thread, with no synchronisation between steps and each block's GEMMs
-// single-threaded, on its own copy of W_h laid out for them (see
-// blas::RightOperand).  The GEMMs over all steps run before and after the
-// loop, on all threads.  Small problems run on one thread.
+// Threads: the time loop is divided between threads in one of two ways,
+// whichever measured faster at the first call of its (dtype, B, S, threads,
+// direction) (blas::tuned_split; LLTM_CPU_SPLIT forces one):
+// * rows: a batch row's recurrence reads only that row of the previous step,
+//   so the loop runs once per block of batch rows, one block per thread,
+//   with no synchronisation between steps and each block's GEMMs
+//   single-threaded, on its own copy of the whole W_h laid out for them (see
+//   blas::RightOperand);
+// * columns: each thread owns a block of state columns [j0, j1) of all three
+//   gates and computes them for every batch row: its GEMMs read only its
+//   slices of W_h (W_h's rows g*S + j0 .. g*S + j1 forward, its columns
+//   j0 .. j1 backward), half of W_h on two threads, each weight used for the
+//   whole batch; the pointwise pass of column j needs only gate columns j,
+//   S + j and 2S + j of its row, so nothing crosses threads within a step,
+//   and one barrier a step (a spin barrier, in one parallel region for the
+//   whole loop) waits for all of h_t (forward) or d_gates_t (backward)
+//   before the next GEMM reads it.  With lengths the forward updates the
+//   state h in place, so a second barrier lets every thread read h_{t-1}
+//   before any writes h_t.
+// The GEMMs over all steps run before and after the loop, on all threads.
+// Small problems run on one thread.
 //
 // Each GEMM's route (brgemm, lltm-cpu's bfloat16 kernel, MKL, oneDNN or
 // ATen) is the fastest measured for its shape at the first call: see blas.h.
@@ -39,13 +54,20 @@
 #include <ATen/ops/empty.h>
 #include <torch/library.h>
 
+#include <ATen/Config.h>
+
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cstring>
 #include <memory>
 #include <optional>
+#include <sstream>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "blas.h"
@@ -77,43 +99,382 @@ struct RowBlocks {
 };
 
 // `macs_per_row`: the recurrent GEMMs' work for one row, all steps;
-// `step_gemm_macs`: one step's GEMM for the whole batch.
-RowBlocks split_rows(int64_t batch, int64_t macs_per_row, int64_t step_gemm_macs) {
+// `step_gemm_macs`: one step's GEMM for the whole batch.  `forced`
+// (LLTM_CPU_SPLIT): a block per thread whatever the work.
+RowBlocks split_rows(int64_t batch, int64_t macs_per_row, int64_t step_gemm_macs, bool forced) {
   RowBlocks blocks;
   blocks.batch = batch;
   if (batch == 0) {
     return blocks;
   }
   const int64_t rows_per_thread =
-      std::max<int64_t>(1, at::divup(kMinMacsPerThread, std::max<int64_t>(macs_per_row, 1)));
+      forced ? 1 : std::max<int64_t>(1, at::divup(kMinMacsPerThread, std::max<int64_t>(macs_per_row, 1)));
   blocks.count = at::in_parallel_region() ? 1
                                           : std::clamp<int64_t>(batch / rows_per_thread, 1, at::get_num_threads());
   blocks.blas_threads = blocks.count == 1 && step_gemm_macs >= kThreadedStepGemmMacs;
   return blocks;
 }
 
-// Runs `body(block, row_begin, row_end)` for each block, one block per thread.
+// The other way to split the time loop: `count` blocks of consecutive state
+// columns, at most one per thread, each for every batch row.  Block
+// boundaries are multiples of `align` (32 elements where the state is wide
+// enough, so that each block's pointwise pass runs whole vectors): block b
+// begins at b S / count rounded down to a multiple of `align`.
+struct ColumnBlocks {
+  int64_t state_size = 0;
+  int64_t count = 0;
+  int64_t align = 1;
+
+  int64_t begin(int64_t block) const { return block * state_size / count / align * align; }
+  int64_t end(int64_t block) const { return block + 1 == count ? state_size : begin(block + 1); }
+  int64_t max_width() const {
+    int64_t widest = 0;
+    for (int64_t block = 0; block < count; ++block) {
+      widest = std::max(widest, end(block) - begin(block));
+    }
+    return widest;
+  }
+};
+
+// `macs`: the recurrent GEMMs' work, all rows and steps.  The column split
+// needs its blocks to run at once (they wait for each other every step): it
+// is offered only on OpenMP, where each block of a parallel region has a
+// thread of its own.
+ColumnBlocks split_columns(int64_t state_size, int64_t macs, bool forced) {
+  ColumnBlocks blocks;
+  blocks.state_size = state_size;
+  blocks.count = 1;
+#if AT_PARALLEL_OPENMP
+  if (!at::in_parallel_region() && state_size > 0) {
+    const int64_t by_work = forced ? state_size : std::max<int64_t>(1, macs / kMinMacsPerThread);
+    blocks.count = std::clamp<int64_t>(std::min(by_work, state_size), 1, at::get_num_threads());
+  }
+#endif
+  // The widest alignment that leaves every block at least that wide: 32
+  // elements, or less for a narrow state (begin() is then strictly increasing).
+  blocks.align = 32;
+  while (blocks.align > 1 && state_size < blocks.count * blocks.align) {
+    blocks.align /= 2;
+  }
+  return blocks;
+}
+
+inline void cpu_pause() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
+// The column split's barrier, for the threads of one parallel region.  Each
+// thread arrives with the number of blocks it runs (OpenMP may give a thread
+// more than one), and the barrier opens when all `blocks` have arrived: a
+// generation counter, spun on (a step is tens of us to a few ms; a futex
+// wake-up would cost as much as a small step), yielding after a few
+// thousand spins so that an oversubscribed machine (several Python threads
+// calling at once) still makes progress.  A thread that fails aborts it, so
+// that the others stop waiting for it and fail too.
+class SpinBarrier {
+ public:
+  explicit SpinBarrier(int64_t blocks) : blocks_(blocks) {}
+
+  void wait(int64_t weight) {
+    const int64_t generation = generation_.load(std::memory_order_acquire);
+    if (arrived_.fetch_add(weight, std::memory_order_acq_rel) + weight == blocks_) {
+      arrived_.store(0, std::memory_order_relaxed);
+      generation_.store(generation + 1, std::memory_order_release);
+      return;
+    }
+    for (int64_t spin = 0; generation_.load(std::memory_order_acquire) == generation; ++spin) {
+      TORCH_CHECK(!aborted_.load(std::memory_order_relaxed), "lltm_cpu: another thread of the time loop failed");
+      if (spin < kSpins) {
+        cpu_pause();
+      } else {
+        std::this_thread::yield();
+      }
+    }
+  }
+
+  void abort() { aborted_.store(true, std::memory_order_relaxed); }
+
+ private:
+  static constexpr int64_t kSpins = 4096;
+  const int64_t blocks_;
+  alignas(64) std::atomic<int64_t> arrived_{0};
+  alignas(64) std::atomic<int64_t> generation_{0};
+  alignas(64) std::atomic<bool> aborted_{false};
+};
+
+// The time loop's partition: its split, blocks and recurrent GEMM route.
+struct Partition {
+  blas::Split split = blas::Split::kRows;
+  RowBlocks rows;
+  ColumnBlocks columns;
+  blas::Route route = blas::Route::kAten;
+
+  bool by_rows() const { return split == blas::Split::kRows; }
+  int64_t count() const { return by_rows() ? rows.count : columns.count; }
+};
+
+// Runs `body(first, last, barrier)` on each thread of one parallel region,
+// blocks [first, last) of the partition its own (one, where there are
+// enough threads), every GEMM in it on its thread alone unless the rows'
+// single block may use MKL's threads.
 template <typename Body>
-void run_blocks(const RowBlocks& blocks, const Body& body) {
-  const auto run_block = [&](int64_t block) {
-    const blas::SingleThreaded single_threaded(!blocks.blas_threads);
-    body(block, blocks.begin(block), blocks.end(block));
-  };
-  if (blocks.count <= 1) {
-    if (blocks.count == 1) {
-      run_block(0);
+void run_partition(const Partition& partition, const Body& body) {
+  const int64_t count = partition.count();
+  SpinBarrier barrier(std::max<int64_t>(count, 1));
+  const bool single_threaded = !(partition.by_rows() && partition.rows.blas_threads);
+  if (count <= 1) {
+    if (count == 1) {
+      const blas::SingleThreaded guard(single_threaded);
+      body(0, 1, barrier);
     }
     return;
   }
   // ATen GEMMs (blas.h's fallback) go through the dispatcher, which reads
   // thread-local state that pool threads do not inherit.
   const at::ThreadLocalState caller_state;
-  at::parallel_for(0, blocks.count, 1, [&](int64_t first, int64_t last) {
+  at::parallel_for(0, count, 1, [&](int64_t first, int64_t last) {
     const at::ThreadLocalStateGuard guard(caller_state);
-    for (int64_t block = first; block < last; ++block) {
-      run_block(block);
+    const blas::SingleThreaded single_threaded_here(single_threaded);
+    try {
+      body(first, last, barrier);
+    } catch (...) {
+      barrier.abort();
+      throw;
     }
   });
+}
+
+// A block's share of W_h for its recurrent GEMMs: one blas::RightOperand
+// for each slice [begin, end) of op(W_h)'s columns that the block computes,
+// each writing C's columns [begin, end).  Forward op(W_h) is W_h^T (S x 3S):
+// rows take all 3S columns, a block of state columns [j0, j1) the three
+// gates' slices g S + j0 .. g S + j1, each W_h rows that are contiguous in
+// W.  Backward op(W_h) is W_h (3S x S): its columns j0 .. j1.
+template <typename scalar_t>
+class BlockOperands {
+ public:
+  using acc_t = at::opmath_type<scalar_t>;
+
+  BlockOperands(blas::Route route, bool forward, int64_t max_m, int64_t S, const scalar_t* w, int64_t ldw,
+                int64_t col_begin, int64_t col_end, bool all_gates_whole)
+      : col_begin_(col_begin), col_end_(col_end) {
+    const int64_t k = forward ? S : 3 * S;
+    const auto add = [&](int64_t begin, int64_t end) {
+      // forward: W_h's rows [begin, end), transposed; backward: W_h's columns [begin, end).
+      const scalar_t* b = forward ? w + begin * ldw : w + begin;
+      parts_.push_back(std::make_unique<blas::RightOperand<scalar_t>>(route, /*trans_b=*/forward, max_m,
+                                                                      end - begin, k, b, ldw));
+      offsets_.push_back(begin);
+    };
+    if (!forward) {
+      add(col_begin, col_end);
+    } else if (all_gates_whole) {
+      add(0, 3 * S);
+    } else {
+      for (int64_t gate = 0; gate < 3; ++gate) {
+        add(gate * S + col_begin, gate * S + col_end);
+      }
+    }
+  }
+
+  // C's block columns (rows of ldc) = A op(W_h)'s (+ C if accumulate), m rows.
+  void multiply(int64_t m, const scalar_t* a, int64_t lda, bool accumulate, acc_t* c, int64_t ldc) const {
+    for (size_t part = 0; part < parts_.size(); ++part) {
+      parts_[part]->multiply(m, a, lda, accumulate, c + offsets_[part], ldc);
+    }
+  }
+
+  bool covers(int64_t col_begin, int64_t col_end) const { return col_begin_ == col_begin && col_end_ == col_end; }
+
+ private:
+  int64_t col_begin_, col_end_;
+  std::vector<std::unique_ptr<blas::RightOperand<scalar_t>>> parts_;
+  std::vector<int64_t> offsets_;
+};
+
+// The state columns a thread of the column split owns: its blocks' together.
+std::pair<int64_t, int64_t> owned_columns(const ColumnBlocks& columns, int64_t first, int64_t last) {
+  return {columns.begin(first), columns.end(last - 1)};
+}
+
+// Microseconds per step of the time loop on this partition, all threads at
+// once: each step's recurrent GEMM on the real weights and its pointwise
+// pass (and, for the column split, its barrier), on made-up state in
+// buffers of the real sizes, h_t (forward) or d_gates_t (backward) feeding
+// the next step's GEMM as in the loop.  The pass is timed too: the column
+// split's threads wait for each other every step, so what one thread's pass
+// or GEMM loses to the other's, the barrier shows (T64 B16 S128: the GEMMs
+// and barrier alone measured the splits equal, the loop ran ~5% slower by
+// columns).  Rounds of a few steps after a warm-up step, timed until about a
+// millisecond has passed (at least 3 rounds), the fastest round; the state
+// is reset before each round, so that nothing grows or decays into
+// denormals.
+template <typename scalar_t>
+double time_partition(const Partition& partition, bool forward, int64_t B, int64_t S, const scalar_t* w,
+                      int64_t ldw) {
+  using acc_t = at::opmath_type<scalar_t>;
+  constexpr int64_t kStepsPerRound = 4;
+  const auto made_up = [](int64_t count, float base) {
+    std::vector<scalar_t> data(std::max<int64_t>(count, 1));
+    for (int64_t i = 0; i < count; ++i) {
+      data[i] = static_cast<scalar_t>(base + 0.01f * static_cast<float>(i % 13) - 0.06f);
+    }
+    return data;
+  };
+  // Forward: the gates, two h buffers (read one, write the other), c.
+  // Backward: the saved gates and tanh(c_t), two d_gates buffers, the
+  // carried gradients, the bias sums.
+  std::vector<scalar_t> gates = made_up(B * 3 * S, 0.5f), saved_tanh = made_up(B * S, 0.3f),
+                        upstream = made_up(B * S, 0.1f);
+  std::vector<scalar_t> ping_pong[2] = {made_up(B * (forward ? S : 3 * S), 0.1f),
+                                        made_up(B * (forward ? S : 3 * S), 0.1f)};
+  const std::vector<scalar_t> zero_bias(3 * S, scalar_t(0));
+  std::vector<acc_t> product(B * 3 * S), cell(B * S), carried_h(B * S), bias_sums(partition.count() * 3 * S);
+  const auto reset_state = [&] {
+    std::fill(cell.begin(), cell.end(), acc_t(0));
+    std::fill(carried_h.begin(), carried_h.end(), acc_t(0));
+    std::fill(product.begin(), product.end(), acc_t(0));  // backward: the carried gradient of c
+  };
+  const auto forward_pass = pointwise_kernels<scalar_t>().sequence_forward;
+  const auto backward_pass = pointwise_kernels<scalar_t>().sequence_backward;
+  double best_us = 0;
+  std::atomic<bool> stop{false};
+  run_partition(partition, [&](int64_t first, int64_t last, SpinBarrier& barrier) {
+    const int64_t weight = last - first;
+    const bool by_rows = partition.by_rows();
+    struct Block {
+      std::unique_ptr<BlockOperands<scalar_t>> operands;
+      int64_t row_begin, row_end, col_begin, col_end;
+    };
+    std::vector<Block> blocks;  // this thread's, each with its operands built on this thread
+    if (by_rows) {
+      for (int64_t block = first; block < last; ++block) {
+        blocks.push_back({std::make_unique<BlockOperands<scalar_t>>(partition.route, forward,
+                                                                    partition.rows.max_rows(), S, w, ldw, 0, S, true),
+                          partition.rows.begin(block), partition.rows.end(block), 0, S});
+      }
+    } else {
+      const auto [col_begin, col_end] = owned_columns(partition.columns, first, last);
+      blocks.push_back(
+          {std::make_unique<BlockOperands<scalar_t>>(partition.route, forward, B, S, w, ldw, col_begin, col_end, false),
+           0, B, col_begin, col_end});
+    }
+    int64_t parity = 0;
+    const auto step = [&] {
+      const scalar_t* in = ping_pong[parity].data();
+      scalar_t* out = ping_pong[1 - parity].data();
+      for (int64_t index = 0; index < static_cast<int64_t>(blocks.size()); ++index) {
+        const Block& b = blocks[index];
+        const int64_t rows = b.row_end - b.row_begin;
+        acc_t* bias_sum = bias_sums.data() + (by_rows ? first + index : 0) * 3 * S;
+        if (forward) {
+          b.operands->multiply(rows, in + b.row_begin * S, S, false, product.data() + b.row_begin * 3 * S, 3 * S);
+          forward_pass({gates.data() + b.row_begin * 3 * S, zero_bias.data(), product.data() + b.row_begin * 3 * S,
+                        cell.data() + b.row_begin * S, nullptr, out + b.row_begin * S, nullptr, nullptr, 0, rows, S,
+                        b.col_begin, b.col_end});
+        } else {
+          backward_pass({upstream.data() + b.row_begin * S, S, false, carried_h.data() + b.row_begin * S,
+                         product.data() + b.row_begin * S, gates.data() + b.row_begin * 3 * S,
+                         saved_tanh.data() + b.row_begin * S, out + b.row_begin * 3 * S, bias_sum, nullptr, 0, rows,
+                         S, b.col_begin, b.col_end});
+        }
+      }
+      if (!by_rows) {
+        barrier.wait(weight);
+      }
+      if (!forward) {
+        for (const Block& b : blocks) {
+          b.operands->multiply(b.row_end - b.row_begin, out + b.row_begin * 3 * S, 3 * S, false,
+                               carried_h.data() + b.row_begin * S, S);
+        }
+      }
+      parity = 1 - parity;
+    };
+    step();  // first-use costs
+    double total_us = 0;
+    for (int64_t round = 0; !stop.load(); ++round) {
+      if (first == 0) {
+        reset_state();
+      }
+      barrier.wait(weight);
+      const auto start = std::chrono::steady_clock::now();
+      for (int64_t i = 0; i < kStepsPerRound; ++i) {
+        step();
+      }
+      barrier.wait(weight);  // the round ends with its slowest thread
+      if (first == 0) {
+        const double us =
+            std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count() /
+            kStepsPerRound;
+        best_us = round == 0 ? us : std::min(best_us, us);
+        total_us += us * kStepsPerRound;
+        stop.store((round >= 2 && total_us >= 1000.0) || round >= 31);
+      }
+      barrier.wait(weight);  // every thread reads the same `stop`
+    }
+  });
+  return best_us;
+}
+
+// "time loop float32 B64 S512 threads 2 forward": the partition's key in
+// gemm_routes(), with the blocks each split would run where they are not
+// one per thread (a small problem).
+template <typename scalar_t>
+std::string split_key(bool forward, int64_t B, int64_t S, const Partition& partition) {
+  const char* dtype = std::is_same_v<scalar_t, float> ? "float32" : std::is_same_v<scalar_t, double> ? "float64"
+                                                                                                      : "bfloat16";
+  const int64_t threads = at::get_num_threads();
+  std::ostringstream key;
+  key << "time loop " << dtype << " B" << B << " S" << S << " threads " << threads
+      << (forward ? " forward" : " backward");
+  if (partition.rows.count != threads || partition.columns.count != threads) {
+    key << " (rows in " << partition.rows.count << " blocks, columns in " << partition.columns.count << ")";
+  }
+  return key.str();
+}
+
+// The time loop's partition for this call: by rows or by columns, as
+// measured (or as LLTM_CPU_SPLIT says), with its blocks' GEMM route; by rows
+// wherever the columns cannot be split (one thread, a small problem).
+template <typename scalar_t>
+Partition choose_partition(bool forward, int64_t T, int64_t B, int64_t S, const scalar_t* w, int64_t ldw) {
+  const std::optional<blas::Split> forced = blas::requested_split();
+  Partition partition;
+  partition.rows = split_rows(B, T * 3 * S * S, B * 3 * S * S, forced.has_value());
+  partition.columns = split_columns(S, T * B * 3 * S * S, forced.has_value());
+  const int64_t n = forward ? 3 * S : S, k = forward ? S : 3 * S;
+  const auto rows_route = [&] {
+    return blas::recurrent_route<scalar_t>(/*trans_b=*/forward, partition.rows.max_rows(), n, k, w, ldw,
+                                           partition.rows.blas_threads);
+  };
+  const auto columns_route = [&] {
+    const int64_t width = partition.columns.max_width();
+    return blas::recurrent_route<scalar_t>(/*trans_b=*/forward, B, width, k, w, ldw, /*threaded=*/false);
+  };
+  if (partition.columns.count <= 1 || forced == blas::Split::kRows) {
+    partition.split = blas::Split::kRows;
+    partition.route = rows_route();
+    if (partition.columns.count > 1) {  // reported: LLTM_CPU_SPLIT chose
+      blas::tuned_split(split_key<scalar_t>(forward, B, S, partition), [](blas::Split) { return 0.0; });
+    }
+    return partition;
+  }
+  // Both routes first: choosing one takes the tuning mutex, which
+  // tuned_split holds while it times the partitions.
+  Partition by_rows = partition, by_columns = partition;
+  by_columns.split = blas::Split::kColumns;
+  by_columns.route = columns_route();
+  if (forced != blas::Split::kColumns) {
+    by_rows.route = rows_route();
+  }
+  const blas::Split split = blas::tuned_split(split_key<scalar_t>(forward, B, S, partition), [&](blas::Split which) {
+    return time_partition<scalar_t>(which == blas::Split::kRows ? by_rows : by_columns, forward, B, S, w, ldw);
+  });
+  return split == blas::Split::kRows ? by_rows : by_columns;
 }
 
 // Inference (needs_backward false) keeps no gates for backward: the input is
@@ -214,9 +575,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> sequence_
 
   AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, input.scalar_type(), op, [&] {
     using opmath_t = at::opmath_type<scalar_t>;
-    // float and float64 add h W_h^T into the gates buffer; bfloat16's product
-    // is float, kept apart until the pointwise pass adds it.
-    constexpr bool kSeparateProduct = !std::is_same_v<opmath_t, scalar_t>;
     const scalar_t* w = weights.const_data_ptr<scalar_t>();
     const int64_t ldw = S + I;
     const scalar_t* x = input.const_data_ptr<scalar_t>();
@@ -230,13 +588,62 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> sequence_
     const int64_t* lengths_data = lengths.has_value() ? lengths->const_data_ptr<int64_t>() : nullptr;
     const auto step_pass = pointwise_kernels<scalar_t>().sequence_forward;
 
-    const RowBlocks blocks = split_rows(B, T * 3 * S * S, B * 3 * S * S);
-    const blas::Route route =
-        blas::recurrent_route<scalar_t>(/*trans_b=*/true, blocks.max_rows(), 3 * S, S, w, ldw, blocks.blas_threads);
-    // Each block's h W_h^T operand, laid out on its own thread at its first
-    // chunk, and (bfloat16) its buffer for the product.
-    std::vector<std::unique_ptr<blas::RightOperand<scalar_t>>> w_h(blocks.count);
-    std::vector<std::vector<opmath_t>> products(blocks.count);
+    const Partition partition = choose_partition<scalar_t>(/*forward=*/true, T, B, S, w, ldw);
+    // Each thread's h W_h^T operands (per block of rows, or for its
+    // columns), laid out on its own thread at its first chunk.
+    std::vector<std::unique_ptr<BlockOperands<scalar_t>>> w_h(partition.count());
+    // h W_h^T, B x 3S, in a buffer of its own (float for bfloat16), which
+    // the pointwise pass adds to the projection and the bias; each block
+    // writes its rows or columns.  Adding it into the gates buffer instead
+    // would make the GEMM read and write the projection's rows, which the
+    // projection left in L3, and its micro-kernel waits on them (float32
+    // T32 B64 I256 S512, column split: 225 us a step against 198 us; the
+    // forward 3% slower, at T64 B16 1%).
+    std::vector<opmath_t> products(B * 3 * S);
+
+    // The steps [chunk_begin, chunk_end) (first_t: the chunk's smallest t)
+    // for rows [row_begin, row_end) and state columns [col_begin, col_end);
+    // with a barrier (the column split) every thread's after each step, and
+    // with lengths also before the pass writes the state h.
+    const auto run_steps = [&](int64_t chunk_begin, int64_t chunk_end, int64_t first_t, int64_t row_begin,
+                               int64_t row_end, int64_t col_begin, int64_t col_end,
+                               const BlockOperands<scalar_t>& operands, SpinBarrier* barrier, int64_t weight) {
+      const int64_t block_rows = row_end - row_begin;
+      opmath_t* product = products.data() + row_begin * 3 * S;
+      for (int64_t i = chunk_begin; i < chunk_end; ++i) {
+        const int64_t t = reverse ? T - 1 - i : i;
+        const int64_t first_row = t * B + row_begin;
+        // h_{t-1}: the state (with lengths), h0, or the previous step's output.
+        const int64_t previous_t = reverse ? t + 1 : t - 1;
+        const scalar_t* h_prev = hidden_data != nullptr ? hidden_data + row_begin * S
+                                 : i == 0               ? h0_data + row_begin * S
+                                                        : output_data + (previous_t * B + row_begin) * S;
+        scalar_t* gates_t = gates_data + ((t - first_t) * B + row_begin) * 3 * S;
+        operands.multiply(block_rows, h_prev, S, /*accumulate=*/false, product, 3 * S);
+        if (barrier != nullptr && hidden_data != nullptr) {
+          barrier->wait(weight);  // every thread has read h_{t-1} before any writes h_t over it
+        }
+        const SequenceForwardStep<scalar_t> pass{
+            gates_t,
+            bias_data,
+            product,
+            cell_data + row_begin * S,
+            hidden_data != nullptr ? hidden_data + row_begin * S : nullptr,
+            output_data + first_row * S,
+            tanh_cell_data != nullptr ? tanh_cell_data + first_row * S : nullptr,
+            lengths_data != nullptr ? lengths_data + row_begin : nullptr,
+            t,
+            block_rows,
+            S,
+            col_begin,
+            col_end};
+        step_pass(pass);
+        if (barrier != nullptr) {
+          barrier->wait(weight);  // all of h_t, which the next step's GEMM reads
+        }
+      }
+    };
+
     // The chunks in the order the steps run: step i of that order is t = i,
     // or T-1-i reversed.
     for (int64_t chunk_begin = 0; chunk_begin < T; chunk_begin += chunk_steps) {
@@ -246,42 +653,25 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> sequence_
       // The chunk's input projection x W_x^T (the pointwise pass adds the bias).
       blas::gemm<scalar_t>(false, true, rows, 3 * S, I, x + first_t * B * I, I, w + S, ldw, false, gates_data, 3 * S);
 
-      run_blocks(blocks, [&](int64_t block, int64_t row_begin, int64_t row_end) {
-        const int64_t block_rows = row_end - row_begin;
-        if (!w_h[block]) {
-          w_h[block] = std::make_unique<blas::RightOperand<scalar_t>>(route, /*trans_b=*/true, blocks.max_rows(),
-                                                                      3 * S, S, w, ldw);
-          if (kSeparateProduct) {
-            products[block].resize(block_rows * 3 * S);
+      run_partition(partition, [&](int64_t first, int64_t last, SpinBarrier& barrier) {
+        if (partition.by_rows()) {
+          for (int64_t block = first; block < last; ++block) {
+            if (!w_h[block]) {
+              w_h[block] = std::make_unique<BlockOperands<scalar_t>>(partition.route, /*forward=*/true,
+                                                                     partition.rows.max_rows(), S, w, ldw, 0, S,
+                                                                     /*all_gates_whole=*/true);
+            }
+            run_steps(chunk_begin, chunk_end, first_t, partition.rows.begin(block), partition.rows.end(block), 0, S,
+                      *w_h[block], nullptr, 0);
           }
+          return;
         }
-        opmath_t* product = kSeparateProduct ? products[block].data() : nullptr;
-        for (int64_t i = chunk_begin; i < chunk_end; ++i) {
-          const int64_t t = reverse ? T - 1 - i : i;
-          const int64_t first_row = t * B + row_begin;
-          // h_{t-1}: the state (with lengths), h0, or the previous step's output.
-          const int64_t previous_t = reverse ? t + 1 : t - 1;
-          const scalar_t* h_prev = hidden_data != nullptr ? hidden_data + row_begin * S
-                                   : i == 0               ? h0_data + row_begin * S
-                                                          : output_data + (previous_t * B + row_begin) * S;
-          scalar_t* gates_t = gates_data + ((t - first_t) * B + row_begin) * 3 * S;
-          // Without a separate product opmath_t is scalar_t: the cast changes nothing.
-          w_h[block]->multiply(block_rows, h_prev, S, /*accumulate=*/!kSeparateProduct,
-                               kSeparateProduct ? product : reinterpret_cast<opmath_t*>(gates_t), 3 * S);
-          const SequenceForwardStep<scalar_t> pass{
-              gates_t,
-              bias_data,
-              product,
-              cell_data + row_begin * S,
-              hidden_data != nullptr ? hidden_data + row_begin * S : nullptr,
-              output_data + first_row * S,
-              tanh_cell_data != nullptr ? tanh_cell_data + first_row * S : nullptr,
-              lengths_data != nullptr ? lengths_data + row_begin : nullptr,
-              t,
-              block_rows,
-              S};
-          step_pass(pass);
+        const auto [col_begin, col_end] = owned_columns(partition.columns, first, last);
+        if (!w_h[first] || !w_h[first]->covers(col_begin, col_end)) {
+          w_h[first] = std::make_unique<BlockOperands<scalar_t>>(partition.route, /*forward=*/true, B, S, w, ldw,
+                                                                 col_begin, col_end, /*all_gates_whole=*/false);
         }
+        run_steps(chunk_begin, chunk_end, first_t, 0, B, col_begin, col_end, *w_h[first], &barrier, last - first);
       });
     }
   });
@@ -360,17 +750,21 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> sequence_
     opmath_t* grad_c_data = grad_c.data_ptr<opmath_t>();
     const int64_t* lengths_data = lengths.has_value() ? lengths->const_data_ptr<int64_t>() : nullptr;
 
-    // One bias sum per block of rows, added up in block order afterwards
-    // (the same order every run).
-    std::vector<opmath_t> bias_sums(at::get_num_threads() * 3 * S, opmath_t(0));
     const auto step_pass = pointwise_kernels<scalar_t>().sequence_backward;
-    const RowBlocks blocks = split_rows(B, T * 3 * S * S, B * 3 * S * S);
-    const blas::Route route =
-        blas::recurrent_route<scalar_t>(/*trans_b=*/false, blocks.max_rows(), S, 3 * S, w, ldw, blocks.blas_threads);
-    run_blocks(blocks, [&](int64_t block, int64_t row_begin, int64_t row_end) {
+    const Partition partition = choose_partition<scalar_t>(/*forward=*/false, T, B, S, w, ldw);
+    // Blocks of rows: one bias sum per block, added up in block order
+    // afterwards (the same order every run).  Blocks of columns: one sum,
+    // each block summing its own columns.
+    const int64_t bias_rows = partition.by_rows() ? std::max<int64_t>(partition.rows.count, 1) : 1;
+    std::vector<opmath_t> bias_sums(bias_rows * 3 * S, opmath_t(0));
+
+    // The steps for rows [row_begin, row_end) and state columns [col_begin,
+    // col_end); with a barrier (the column split) every thread's between
+    // the pass, which writes d_gates_t's block, and the GEMM, which reads all of it.
+    const auto run_steps = [&](int64_t row_begin, int64_t row_end, int64_t col_begin, int64_t col_end,
+                               const BlockOperands<scalar_t>& w_h, opmath_t* bias_sum, SpinBarrier* barrier,
+                               int64_t weight) {
       const int64_t rows = row_end - row_begin;
-      // d_gates W_h
-      const blas::RightOperand<scalar_t> w_h(route, /*trans_b=*/false, blocks.max_rows(), S, 3 * S, w, ldw);
       for (int64_t i = 0; i < T; ++i) {
         const int64_t t = reverse ? i : T - 1 - i;  // the steps, last first
         const int64_t first_row = t * B + row_begin;
@@ -385,21 +779,43 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> sequence_
             gates_data + first_row * 3 * S,
             tanh_cell_data + first_row * S,
             grad_gates_t,
-            bias_sums.data() + block * 3 * S,
+            bias_sum,
             lengths_data != nullptr ? lengths_data + row_begin : nullptr,
             t,
             rows,
-            S};
+            S,
+            col_begin,
+            col_end};
         step_pass(pass);
+        if (barrier != nullptr) {
+          barrier->wait(weight);
+        }
         // The gradient of h_{t-1}.  With lengths the pass zeroed the rows
         // that took part, and the rest keep theirs: so add.
         w_h.multiply(rows, grad_gates_t, 3 * S, /*accumulate=*/lengths_data != nullptr, grad_h_rows, S);
       }
+    };
+
+    run_partition(partition, [&](int64_t first, int64_t last, SpinBarrier& barrier) {
+      if (partition.by_rows()) {
+        for (int64_t block = first; block < last; ++block) {
+          // d_gates W_h
+          const BlockOperands<scalar_t> w_h(partition.route, /*forward=*/false, partition.rows.max_rows(), S, w, ldw,
+                                            0, S, /*all_gates_whole=*/true);
+          run_steps(partition.rows.begin(block), partition.rows.end(block), 0, S, w_h,
+                    bias_sums.data() + block * 3 * S, nullptr, 0);
+        }
+        return;
+      }
+      const auto [col_begin, col_end] = owned_columns(partition.columns, first, last);
+      const BlockOperands<scalar_t> w_h(partition.route, /*forward=*/false, B, S, w, ldw, col_begin, col_end,
+                                        /*all_gates_whole=*/false);
+      run_steps(0, B, col_begin, col_end, w_h, bias_sums.data(), &barrier, last - first);
     });
     scalar_t* grad_bias_data = grad_bias.data_ptr<scalar_t>();
     for (int64_t col = 0; col < 3 * S; ++col) {
       opmath_t sum = 0;
-      for (int64_t block = 0; block < blocks.count; ++block) {
+      for (int64_t block = 0; block < bias_rows; ++block) {
         sum += bias_sums[block * 3 * S + col];
       }
       grad_bias_data[col] = static_cast<scalar_t>(sum);

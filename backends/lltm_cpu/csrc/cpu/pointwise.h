@@ -45,7 +45,9 @@ struct BackwardPointers {
 };
 
 // One time step of the sequence forward (lltm_sequence.cpp), for a block of
-// `rows` consecutive batch rows and every state column.  The input projection
+// `rows` consecutive batch rows and the state columns [col_begin, col_end)
+// of all three gates (each row's pointers still point at its first column:
+// the block's columns are at their own offsets).  The input projection
 // is already in `gates`; the pass adds the bias (which a fill before the
 // projection GEMM would cost a pass over all T*B*3S gates, and the GEMM a
 // read of them).  Rows are contiguous: a row of gates has 3S elements, the
@@ -72,10 +74,13 @@ struct SequenceForwardStep {
   int64_t step;            // t
   int64_t rows;
   int64_t state_size;
+  int64_t col_begin;  // the block's state columns: [0, state_size) for all of them
+  int64_t col_end;
 };
 
-// One time step of the sequence backward, undoing SequenceForwardStep.  The
-// carried gradients of h and c are in opmath_t, as the forward's state.
+// One time step of the sequence backward, undoing SequenceForwardStep, for
+// the same kind of block.  The carried gradients of h and c are in opmath_t,
+// as the forward's state.
 template <typename scalar_t>
 struct SequenceBackwardStep {
   using opmath_t = at::opmath_type<scalar_t>;
@@ -92,18 +97,21 @@ struct SequenceBackwardStep {
   const scalar_t* gates;      // the activated gates SequenceForwardStep saved
   const scalar_t* tanh_cell;  // tanh(c_t)
   scalar_t* grad_gates;       // out: d loss / d pre-activation gates; zero for rows past their length
-  at::opmath_type<scalar_t>* grad_bias;  // (3S): grad_gates summed into it, over rows (and steps)
+  at::opmath_type<scalar_t>* grad_bias;  // (3S): grad_gates summed into its block's columns, over rows (and steps)
   const int64_t* lengths;
   int64_t step;
   int64_t rows;
   int64_t state_size;
+  int64_t col_begin;
+  int64_t col_end;
 };
 
 // Each pass covers every row and the state columns [col_begin, col_end) of
 // all three gates.  Column ranges never share an output element (grad_bias
 // included), so disjoint ranges may run on different threads.  The sequence
-// steps cover their block of rows and every column: different blocks of rows
-// may run on different threads (each with its own grad_bias).
+// steps cover their block of rows and columns: disjoint blocks may run on
+// different threads (blocks of rows each with its own grad_bias; blocks of
+// columns may share one, as they write different entries of it).
 #define LLTM_DECLARE_POINTWISE_KERNELS(ISA)                                                       \
   namespace ISA {                                                                                 \
   void forward_pointwise(const ForwardPointers<float>& p, int64_t col_begin, int64_t col_end);    \

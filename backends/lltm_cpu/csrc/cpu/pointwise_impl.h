@@ -260,21 +260,24 @@ void sequence_forward_pass(const SequenceForwardStep<scalar_t>& p) {
   using opmath_t = typename M::opmath_t;
   using V = typename M::V;
   const int64_t S = p.state_size;
+  const int64_t col_begin = p.col_begin, col_end = p.col_end, width = col_end - col_begin;
   for (int64_t row = 0; row < p.rows; ++row) {
     scalar_t* gates = p.gates + row * 3 * S;
     const int64_t row_offset = row * S;
     if (!takes_part(p.lengths, row, p.step)) {
       // Its state stays; what is saved for this row is never read, but is
       // written all the same so that the saved tensors hold no stale memory.
-      fill_zero(p.output + row_offset, S);
+      fill_zero(p.output + row_offset + col_begin, width);
       if (p.tanh_cell != nullptr) {
-        fill_zero(p.tanh_cell + row_offset, S);
+        fill_zero(p.tanh_cell + row_offset + col_begin, width);
       }
-      fill_zero(gates, 3 * S);
+      for (int64_t gate = 0; gate < 3; ++gate) {
+        fill_zero(gates + gate * S + col_begin, width);
+      }
       continue;
     }
-    for (int64_t col = 0; col < S; col += V::size()) {
-      const int64_t count = std::min<int64_t>(V::size(), S - col);
+    for (int64_t col = col_begin; col < col_end; col += V::size()) {
+      const int64_t count = std::min<int64_t>(V::size(), col_end - col);
       auto load = [count](const scalar_t* ptr) { return M::load(ptr, count); };
       auto store = [count](const V& value, scalar_t* ptr) { M::store(value, ptr, count); };
 
@@ -311,18 +314,21 @@ void sequence_backward_pass(const SequenceBackwardStep<scalar_t>& p) {
   using opmath_t = typename M::opmath_t;
   using V = typename M::V;
   const int64_t S = p.state_size;
+  const int64_t col_begin = p.col_begin, col_end = p.col_end;
   for (int64_t row = 0; row < p.rows; ++row) {
     scalar_t* grad_gates = p.grad_gates + row * 3 * S;
     if (!takes_part(p.lengths, row, p.step)) {
       // The row did not take part in this step: its gradients pass through.
-      fill_zero(grad_gates, 3 * S);
+      for (int64_t gate = 0; gate < 3; ++gate) {
+        fill_zero(grad_gates + gate * S + col_begin, col_end - col_begin);
+      }
       continue;
     }
     const scalar_t* gates = p.gates + row * 3 * S;
     const scalar_t* grad_output = p.grad_output + row * p.grad_output_row_stride;
     const int64_t row_offset = row * S;
-    for (int64_t col = 0; col < S; col += V::size()) {
-      const int64_t count = std::min<int64_t>(V::size(), S - col);
+    for (int64_t col = col_begin; col < col_end; col += V::size()) {
+      const int64_t count = std::min<int64_t>(V::size(), col_end - col);
       auto load = [count](const scalar_t* ptr) { return M::load(ptr, count); };
       auto store_gate = [&](int64_t gate, const V& grad) {
         M::store(grad, grad_gates + gate * S + col, count);
