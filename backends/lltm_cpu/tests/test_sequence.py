@@ -369,26 +369,33 @@ def test_routes_measured_once_per_shape(dtype):
         assert all("avx512-bf16 " in line.split("(measured: ")[1] for line in lines), lines
 
 
+def call_at_once(call, count: int, timeout: float = 120) -> list:
+    """``call()``'s results from ``count`` threads released together; fails if one raised or hung."""
+    results, errors = [None] * count, []
+    barrier = threading.Barrier(count)
+
+    def run(index):
+        try:
+            barrier.wait()
+            results[index] = call()
+        except Exception as exc:  # re-raised below, in the test's thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=timeout)
+    assert not any(thread.is_alive() for thread in threads), "a call hung"
+    assert not errors, errors
+    return results
+
+
 def test_concurrent_first_calls():
     """Threads making the first call of one shape at once: no crash, one measurement, the same results."""
     T, B, I, S = 4, 9, 6, 61  # a shape no other test runs
     inputs = [t.detach() for t in make_sequence_inputs(T, B, I, S)]
-    results, errors = [None] * 4, []
-    barrier = threading.Barrier(len(results))
-
-    def call(index):
-        try:
-            barrier.wait()
-            results[index] = torch.ops.lltm_cpu.sequence_forward(*inputs, None, False, True)
-        except Exception as exc:  # re-raised below, in the test's thread
-            errors.append(exc)
-
-    threads = [threading.Thread(target=call, args=(i,)) for i in range(len(results))]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert not errors, errors
+    results = call_at_once(lambda: torch.ops.lltm_cpu.sequence_forward(*inputs, None, False, True), 4)
     # One forward recurrent GEMM shape, measured once (its N is 3S, or a block of columns' with LLTM_CPU_SPLIT).
     keys = [line for line in torch.ops.lltm_cpu.gemm_routes() if line.startswith("recurrent ") and f" K{S} B^T " in line]
     assert len(keys) == 1, keys
@@ -598,23 +605,7 @@ def test_concurrent_first_split_calls():
         pytest.skip("one thread: the time loop is not split")
     T, B, I, S = 3, 10, 4, 94  # a key no other test runs
     inputs = make_sequence_inputs(T, B, I, S)
-    results, errors = [None] * 4, []
-    barrier = threading.Barrier(len(results))
-
-    def call(index):
-        try:
-            barrier.wait()
-            results[index] = train_once(inputs)
-        except Exception as exc:  # re-raised below, in the test's thread
-            errors.append(exc)
-
-    threads = [threading.Thread(target=call, args=(i,)) for i in range(len(results))]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=120)
-    assert not any(thread.is_alive() for thread in threads), "a call hung"
-    assert not errors, errors
+    results = call_at_once(lambda: train_once(inputs), 4)
     assert len(split_lines(f" B{B} S{S} ")) == 2  # forward and backward, once each
     want = train_once(inputs)
     for got in results:
