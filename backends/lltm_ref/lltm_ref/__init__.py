@@ -128,9 +128,9 @@ def sequence_forward(input, weights, bias, h0, c0, lengths, reverse, needs_backw
         torch.addmm(bias, input[lo : lo + n].reshape(n * B, I), w_x.t(), out=block.view(n * B, 3 * S))
         for t in chunk_steps:
             step = block[t - lo].addmm_(h, w_h.t())
-            sig_gates = step[:, : 2 * S].sigmoid_()
-            candidate = F.elu(step[:, 2 * S :], inplace=True)
-            input_gate, output_gate = sig_gates.split_with_sizes([S, S], 1)
+            sig_gates, candidate = step.split_with_sizes([2 * S, S], 1)
+            input_gate, output_gate = sig_gates.sigmoid_().split_with_sizes([S, S], 1)
+            _elu_(candidate)
             new_c = torch.addcmul(c, candidate, input_gate)
             tanh_c = torch.tanh(new_c, out=tanh_cell[t if needs_backward else 0])
             if lengths is None:
@@ -156,7 +156,7 @@ def sequence_backward(grad_output, grad_h_n, grad_c_n, weights, input, h0, outpu
     d_gates = torch.empty_like(gates)
     grad_h, grad_c = grad_h_n, grad_c_n  # of the state after the step being undone
     for t in reversed(_steps(T, reverse)):
-        sig_gates, candidate = gates[t].split([2 * S, S], dim=1)
+        sig_gates, candidate = gates[t].split_with_sizes([2 * S, S], 1)
         input_gate, output_gate = sig_gates.split_with_sizes([S, S], 1)
         grad_new_h = grad_h + grad_output[t]
         grad_new_c = _tanh_backward(grad_new_h * output_gate, tanh_cell[t]).add_(grad_c)
