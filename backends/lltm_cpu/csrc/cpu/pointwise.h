@@ -58,9 +58,11 @@ struct BackwardPointers {
 template <typename scalar_t>
 struct SequenceForwardStep {
   using opmath_t = at::opmath_type<scalar_t>;
-  // In: x W_x^T (+ h_{t-1} W_h^T where `recurrent` is nullptr).  Out: the
-  // activated gates [sigmoid(i) | sigmoid(o) | elu(z)]; zero for rows past
-  // their length.
+  // In: x W_x^T (+ h_{t-1} W_h^T where `recurrent` is nullptr).  Out, when
+  // saving for backward (tanh_cell not nullptr): the activated gates
+  // [sigmoid(i) | sigmoid(o) | elu(z)], zero for rows past their length.
+  // Inference leaves them as they were: the buffer is its chunk's projection,
+  // and skipping the three stores saves a tenth of a bfloat16 pass.
   scalar_t* gates;
   const scalar_t* bias;  // (3S)
   const opmath_t* recurrent;  // nullptr, or h_{t-1} W_h^T (rows of 3S), added to gates
