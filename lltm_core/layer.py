@@ -119,6 +119,17 @@ class LLTMLayer(torch.nn.Module):
         return text
 
     def forward(self, input, state=None):
+        if state is None and len(self._parameter_names) == 1 and len(self._parameter_names[0]) == 1 \
+                and type(input) is torch.Tensor and input.dim() == 3:
+            # The commonest call, one layer and direction over a batched tensor from a zero state, without
+            # the general path's lists: under no_grad at T64 B16 S128 that path cost 1.5% of the call.
+            sequence = input.transpose(0, 1) if self.batch_first else input
+            self._check_input(sequence, input)
+            zeros = sequence.new_zeros((sequence.shape[1], self.state_size))
+            weights_name, bias_name = self._parameter_names[0][0]
+            output, h, c = lltm_sequence(sequence, self._parameters[weights_name], self._parameters[bias_name],
+                                         zeros, zeros, backend=self.backend)
+            return (output.transpose(0, 1) if self.batch_first else output), (h.unsqueeze(0), c.unsqueeze(0))
         lengths = None
         if isinstance(input, PackedSequence):
             # Padded, in the callers' batch order, which h_0 and h_n follow too (as in nn.LSTM).

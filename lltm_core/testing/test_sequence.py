@@ -136,20 +136,23 @@ def test_empty_batch(backend, lltm_device, lltm_dtype):
         assert p.grad is not None and not p.grad.any()
 
 
-def test_layer_compile_fullgraph(lltm_backend_name, lltm_device):
+@pytest.mark.parametrize("num_layers, bidirectional, batch_first", [(2, True, False), (1, False, True)],
+                         ids=["2-layers-bidirectional", "1-layer-batch-first"])  # the second: LLTMLayer's fast path
+def test_layer_compile_fullgraph(lltm_backend_name, lltm_device, num_layers, bidirectional, batch_first):
     """torch.compile(fullgraph=True) of LLTMLayer, forward and backward, agrees with eager."""
     backend = lltm_core.get_backend(lltm_backend_name, device=lltm_device, dtype=torch.float32)
     torch._dynamo.reset()
-    layer = _layer(backend, 3, 6, 2, True, torch.float32, lltm_device)
+    layer = _layer(backend, 3, 6, num_layers, bidirectional, torch.float32, lltm_device, batch_first=batch_first)
     eager_layer = copy.deepcopy(layer)
-    x = torch.randn(5, 2, 3, device=lltm_device, requires_grad=True)
+    x = torch.randn(*((2, 5) if batch_first else (5, 2)), 3, device=lltm_device, requires_grad=True)
     lengths = torch.tensor([5, 2], device=lltm_device)
 
     def run(module, x):
         output, (h_n, c_n) = module(x)
         # lltm_sequence with lengths too: the packed path's kernel call, without PackedSequence's
         # data-dependent bookkeeping (which is torch's, and graph-breaks in torch's own RNNs too).
-        masked, h, c = lltm_core.lltm_sequence(x, module.weights_l0, module.bias_l0, h_n[0], c_n[0],
+        masked, h, c = lltm_core.lltm_sequence(x.transpose(0, 1) if batch_first else x, module.weights_l0,
+                                               module.bias_l0, h_n[0], c_n[0],
                                                lengths=lengths, reverse=True)
         return output.sum() + h_n.sum() + c_n.sum() + masked.sum() + h.sum() + c.sum()
 
