@@ -22,7 +22,8 @@ a ratio taken within one round sees both candidates at the same speed.
   expanded gradient autograd would).  Target: <= 1.05x each.  Skipped, saying so, where lltm-cpu
   is not installed.  One more row, with no target, gives the floor under the second: the bare
   kernels followed by a Python autograd.Function that computes nothing (six saved tensors, as
-  lltm_core's), against the bare kernels alone.
+  lltm_core's), against the bare kernels alone; and a second, the same kernels in the thinnest
+  Python autograd.Function that runs them, against the bare kernels.
 * **inference**: each v3 backend's ``sequence_forward`` with
   ``needs_backward=False`` (the input projected a chunk of steps at a time,
   nothing saved) against the same call with ``needs_backward=True`` (what every
@@ -171,6 +172,12 @@ def sequence_table(rounds: int) -> tuple[list[str], bool]:
         a.grad = w.grad = bb.grad = None
         _NoOp.apply(a, w, bb).sum().backward()
 
+    # The same kernels in the thinnest Python autograd.Function that runs them: what is left of the
+    # second row's gap with none of lltm_core (no checks, no choice of backend, no LLTMLayer).
+    def minimal_function_train():
+        x.grad = weights.grad = bias.grad = None
+        _MinimalSequence.apply(backend, x, weights, bias, zeros)[0].sum().backward()
+
     lines, ok = [], True
     for label, bare, full in (("forward (no_grad)", bare_forward, layer_forward),
                               ("forward + backward", bare_train, layer_train)):
@@ -182,7 +189,29 @@ def sequence_table(rounds: int) -> tuple[list[str], bool]:
     lines.append(f"| floor: the bare kernels plus a no-op autograd.Function's forward + backward / bare kernels | "
                  f"{statistics.median(ratios):.3f}x | {min(ratios):.3f}–{max(ratios):.3f} | (none: what any "
                  f"autograd.Function costs here) |")
+    ratios = per_round_ratios(bare_train, minimal_function_train, rounds, calls_for(bare_train, 0.03))
+    lines.append(f"| floor: the same kernels in a minimal Python autograd.Function (no lltm_core) / bare kernels | "
+                 f"{statistics.median(ratios):.3f}x | {min(ratios):.3f}–{max(ratios):.3f} | (none: what a "
+                 f"Python autograd.Function around these kernels costs) |")
     return lines, ok
+
+
+class _MinimalSequence(torch.autograd.Function):
+    """lltm-cpu's sequence kernels with nothing around them but autograd: saves what _SequenceFunction saves."""
+
+    @staticmethod
+    def forward(ctx, backend, input, weights, bias, zeros):
+        output, h_n, c_n, *saved = backend.sequence_forward(input, weights, bias, zeros, zeros, None, False, True)
+        ctx.backend = backend
+        ctx.save_for_backward(input, weights, zeros, output, *saved)
+        return output, h_n, c_n
+
+    @staticmethod
+    def backward(ctx, grad_output, grad_h_n, grad_c_n):
+        input, weights, zeros, output, *saved = ctx.saved_tensors
+        grad_input, grad_weights, grad_bias, _, _ = ctx.backend.sequence_backward(
+            grad_output, grad_h_n, grad_c_n, weights, input, zeros, output, None, *saved, False, True)
+        return None, grad_input, grad_weights, grad_bias, None
 
 
 class _NoOp(torch.autograd.Function):
