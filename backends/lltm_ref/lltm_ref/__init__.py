@@ -101,7 +101,7 @@ def _steps(T: int, reverse: bool) -> range:
 
 #: Inference (needs_backward=False) projects the input this many rows (steps x batch) at a time:
 #: the (chunk, B, 3S) gates buffer is all it keeps besides the output.  2048 rows make a GEMM
-#: as efficient as one over all steps (benchmarks/core_overhead.py --inference measures it), and
+#: as efficient as one over all steps (benchmarks/core_overhead.py's inference rows measure it), and
 #: at T512 B64 S512 float32 a 12.6 MB buffer beside a 67 MB output.
 INFERENCE_CHUNK_ROWS = 2048
 
