@@ -88,6 +88,27 @@ def test_activations_within_two_ulp(dtype):
     assert ulps(tanh_cell, torch.tanh(new_cell.double())) <= 2
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_activations_at_the_limits(dtype):
+    """Infinities, NaN and values past exp's range give what torch's activations give.
+
+    Zero weights make each pre-activation its bias entry, so infinities reach the activations
+    (through [0 | identity] weights, inf * 0 would turn them into NaN first).
+    """
+    values = torch.tensor([float("inf"), -float("inf"), float("nan"), 100.0, -100.0, 88.8, -88.8, 104.5, -104.5,
+                           0.0, 1e-30, -1e-30, 3.0, -3.0], dtype=dtype)
+    S = values.numel()
+    zeros = torch.zeros(2, S, dtype=dtype)
+    _, new_cell, _, gates, tanh_cell = torch.ops.lltm_cpu.forward(
+        torch.randn(2, 3, dtype=dtype), torch.zeros(3 * S, S + 3, dtype=dtype), values.repeat(3), zeros, zeros
+    )
+    expected = torch.stack([values] * 2)
+    torch.testing.assert_close(gates[:, :S], torch.sigmoid(expected), equal_nan=True)
+    torch.testing.assert_close(gates[:, S : 2 * S], torch.sigmoid(expected), equal_nan=True)
+    torch.testing.assert_close(gates[:, 2 * S :], F.elu(expected), equal_nan=True)
+    torch.testing.assert_close(tanh_cell, torch.tanh(new_cell), equal_nan=True)
+
+
 @pytest.mark.parametrize("shape", [(1, 3, 1), (3, 5, 7), (0, 5, 7)], ids=str)
 def test_gradcheck(shape):
     inputs = make_inputs(*shape, dtype=torch.float64)
