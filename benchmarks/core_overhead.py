@@ -22,8 +22,9 @@ a ratio taken within one round sees both candidates at the same speed.
   expanded gradient autograd would).  Target: <= 1.05x each.  Skipped, saying so, where lltm-cpu
   is not installed.  One more row, with no target, gives the floor under the second: the bare
   kernels followed by a Python autograd.Function that computes nothing (six saved tensors, as
-  lltm_core's), against the bare kernels alone; and a second, the same kernels in the thinnest
-  Python autograd.Function that runs them, against the bare kernels.
+  lltm_core's), against the bare kernels alone; a second, the same kernels in the thinnest
+  Python autograd.Function that runs them; and a third, the same in a C++ torch::autograd::Function
+  (compiled here with load_inline; the row says so when it cannot be built).
 * **inference**: each v3 backend's ``sequence_forward`` with
   ``needs_backward=False`` (the input projected a chunk of steps at a time,
   nothing saved) against the same call with ``needs_backward=True`` (what every
@@ -193,7 +194,82 @@ def sequence_table(rounds: int) -> tuple[list[str], bool]:
     lines.append(f"| floor: the same kernels in a minimal Python autograd.Function (no lltm_core) / bare kernels | "
                  f"{statistics.median(ratios):.3f}x | {min(ratios):.3f}–{max(ratios):.3f} | (none: what a "
                  f"Python autograd.Function around these kernels costs) |")
+    # And in a C++ torch::autograd::Function: what taking the node out of Python would leave.
+    node = _cpp_sequence_node()
+    if isinstance(node, str):
+        lines.append(f"| floor: the same kernels in a C++ torch::autograd::Function / bare kernels | not measured: "
+                     f"{node} | | |")
+        return lines, ok
+
+    def cpp_node_train():
+        x.grad = weights.grad = bias.grad = None
+        node.apply(x, weights, bias, zeros)[0].sum().backward()
+
+    ratios = per_round_ratios(bare_train, cpp_node_train, rounds, calls_for(bare_train, 0.03))
+    lines.append(f"| floor: the same kernels in a C++ torch::autograd::Function (no Python around them) / bare "
+                 f"kernels | {statistics.median(ratios):.3f}x | {min(ratios):.3f}–{max(ratios):.3f} | (none: what "
+                 f"moving the autograd node to C++ would leave) |")
     return lines, ok
+
+
+# lltm-cpu's sequence operators, called through the dispatcher from a C++ autograd node that
+# saves what _SequenceFunction saves.
+_CPP_NODE = r"""
+#include <torch/extension.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+
+namespace {
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+const c10::OperatorHandle& forward_op() {
+  static const c10::OperatorHandle handle =
+      c10::Dispatcher::singleton().findSchemaOrThrow("lltm_cpu::sequence_forward", "");
+  return handle;
+}
+
+const c10::OperatorHandle& backward_op() {
+  static const c10::OperatorHandle handle =
+      c10::Dispatcher::singleton().findSchemaOrThrow("lltm_cpu::sequence_backward", "");
+  return handle;
+}
+
+struct SequenceNode : public torch::autograd::Function<SequenceNode> {
+  static variable_list forward(AutogradContext* ctx, at::Tensor input, at::Tensor weights, at::Tensor bias,
+                               at::Tensor zeros) {
+    std::vector<c10::IValue> stack{input, weights, bias, zeros, zeros, c10::IValue(), false, true};
+    forward_op().callBoxed(stack);
+    ctx->save_for_backward({input, weights, zeros, stack[0].toTensor(), stack[3].toTensor(), stack[4].toTensor()});
+    return {stack[0].toTensor(), stack[1].toTensor(), stack[2].toTensor()};
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const variable_list saved = ctx->get_saved_variables();  // input, weights, zeros, output, gates, tanh_cell
+    auto defined = [](const at::Tensor& grad, const at::Tensor& like) { return grad.defined() ? grad : at::zeros_like(like); };
+    std::vector<c10::IValue> stack{defined(grads[0], saved[3]), defined(grads[1], saved[2]), defined(grads[2], saved[2]),
+                                   saved[1], saved[0], saved[2], saved[3], c10::IValue(), saved[4], saved[5], false, true};
+    backward_op().callBoxed(stack);
+    return {stack[0].toTensor(), stack[1].toTensor(), stack[2].toTensor(), at::Tensor()};
+  }
+};
+}  // namespace
+
+std::vector<at::Tensor> apply(at::Tensor input, at::Tensor weights, at::Tensor bias, at::Tensor zeros) {
+  return SequenceNode::apply(input, weights, bias, zeros);
+}
+"""
+
+
+def _cpp_sequence_node():
+    """The compiled C++ node's module, or why it could not be built."""
+    from torch.utils import cpp_extension
+
+    if not cpp_extension.is_ninja_available():
+        return "ninja is not installed (pip install ninja)"
+    try:
+        return cpp_extension.load_inline("lltm_core_overhead_node", cpp_sources=[_CPP_NODE], functions=["apply"],
+                                         extra_cflags=["-O2"])
+    except Exception as error:  # no compiler, or headers that do not match: say so in the table
+        return f"the C++ node did not build ({type(error).__name__})"
 
 
 class _MinimalSequence(torch.autograd.Function):
