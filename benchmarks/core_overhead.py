@@ -166,12 +166,10 @@ def sequence_table(rounds: int) -> tuple[list[str], bool]:
 
     # The floor of any Python autograd.Function: one that runs no kernels, called right after
     # the bare kernels (as lltm_core's is), against the bare kernels alone.
-    a, w, bb = x, weights, bias
-
     def noop_after_bare():
         bare_train()
-        a.grad = w.grad = bb.grad = None
-        _NoOp.apply(a, w, bb).sum().backward()
+        x.grad = weights.grad = bias.grad = None
+        _NoOp.apply(x, weights, bias).sum().backward()
 
     # The same kernels in the thinnest Python autograd.Function that runs them: what is left of the
     # second row's gap with none of lltm_core (no checks, no choice of backend, no LLTMLayer).
@@ -186,14 +184,17 @@ def sequence_table(rounds: int) -> tuple[list[str], bool]:
                         per_round_ratios(bare, full, rounds, calls_for(full, 0.03)), 1.05)
         lines.append(text)
         ok &= met
-    ratios = per_round_ratios(bare_train, noop_after_bare, rounds, calls_for(bare_train, 0.03))
-    lines.append(f"| floor: the bare kernels plus a no-op autograd.Function's forward + backward / bare kernels | "
-                 f"{statistics.median(ratios):.3f}x | {min(ratios):.3f}–{max(ratios):.3f} | (none: what any "
-                 f"autograd.Function costs here) |")
-    ratios = per_round_ratios(bare_train, minimal_function_train, rounds, calls_for(bare_train, 0.03))
-    lines.append(f"| floor: the same kernels in a minimal Python autograd.Function (no lltm_core) / bare kernels | "
-                 f"{statistics.median(ratios):.3f}x | {min(ratios):.3f}–{max(ratios):.3f} | (none: what a "
-                 f"Python autograd.Function around these kernels costs) |")
+
+    def floor(label: str, candidate, meaning: str) -> str:
+        """A row with no target: candidate's forward + backward against the bare kernels'."""
+        ratios = per_round_ratios(bare_train, candidate, rounds, calls_for(bare_train, 0.03))
+        return (f"| floor: {label} / bare kernels | {statistics.median(ratios):.3f}x | "
+                f"{min(ratios):.3f}–{max(ratios):.3f} | (none: {meaning}) |")
+
+    lines.append(floor("the bare kernels plus a no-op autograd.Function's forward + backward", noop_after_bare,
+                       "what any autograd.Function costs here"))
+    lines.append(floor("the same kernels in a minimal Python autograd.Function (no lltm_core)",
+                       minimal_function_train, "what a Python autograd.Function around these kernels costs"))
     # And in a C++ torch::autograd::Function: what taking the node out of Python would leave.
     node = _cpp_sequence_node()
     if isinstance(node, str):
@@ -205,10 +206,8 @@ def sequence_table(rounds: int) -> tuple[list[str], bool]:
         x.grad = weights.grad = bias.grad = None
         node.apply(x, weights, bias, zeros)[0].sum().backward()
 
-    ratios = per_round_ratios(bare_train, cpp_node_train, rounds, calls_for(bare_train, 0.03))
-    lines.append(f"| floor: the same kernels in a C++ torch::autograd::Function (no Python around them) / bare "
-                 f"kernels | {statistics.median(ratios):.3f}x | {min(ratios):.3f}–{max(ratios):.3f} | (none: what "
-                 f"moving the autograd node to C++ would leave) |")
+    lines.append(floor("the same kernels in a C++ torch::autograd::Function (no Python around them)",
+                       cpp_node_train, "what moving the autograd node to C++ would leave"))
     return lines, ok
 
 
