@@ -301,6 +301,19 @@ std::pair<int64_t, int64_t> owned_columns(const ColumnBlocks& columns, int64_t f
   return {columns.begin(first), columns.end(last - 1)};
 }
 
+// The operands of one block of `partition`, built on the thread that uses
+// them: a block of rows multiplies by all of W_h, for up to the widest
+// block's rows; a thread of the column split by its columns' slices
+// [col_begin, col_end), for all B rows.
+template <typename scalar_t>
+std::unique_ptr<BlockOperands<scalar_t>> block_operands(const Partition& partition, bool forward, int64_t B, int64_t S,
+                                                        const scalar_t* w, int64_t ldw, int64_t col_begin,
+                                                        int64_t col_end) {
+  const bool by_rows = partition.by_rows();
+  return std::make_unique<BlockOperands<scalar_t>>(partition.route, forward, by_rows ? partition.rows.max_rows() : B,
+                                                   S, w, ldw, col_begin, col_end, /*all_gates_whole=*/by_rows);
+}
+
 // Microseconds per step of the time loop on this partition, all threads at
 // once: each step's recurrent GEMM on the real weights and its pointwise
 // pass (and, for the column split, its barrier), on made-up state in
@@ -353,15 +366,13 @@ double time_partition(const Partition& partition, bool forward, int64_t B, int64
     std::vector<Block> blocks;  // this thread's, each with its operands built on this thread
     if (by_rows) {
       for (int64_t block = first; block < last; ++block) {
-        blocks.push_back({std::make_unique<BlockOperands<scalar_t>>(partition.route, forward,
-                                                                    partition.rows.max_rows(), S, w, ldw, 0, S, true),
-                          partition.rows.begin(block), partition.rows.end(block), 0, S});
+        blocks.push_back({block_operands(partition, forward, B, S, w, ldw, 0, S), partition.rows.begin(block),
+                          partition.rows.end(block), 0, S});
       }
     } else {
       const auto [col_begin, col_end] = owned_columns(partition.columns, first, last);
       blocks.push_back(
-          {std::make_unique<BlockOperands<scalar_t>>(partition.route, forward, B, S, w, ldw, col_begin, col_end, false),
-           0, B, col_begin, col_end});
+          {block_operands(partition, forward, B, S, w, ldw, col_begin, col_end), 0, B, col_begin, col_end});
     }
     int64_t parity = 0;
     const auto step = [&] {
@@ -657,9 +668,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> sequence_
         if (partition.by_rows()) {
           for (int64_t block = first; block < last; ++block) {
             if (!w_h[block]) {
-              w_h[block] = std::make_unique<BlockOperands<scalar_t>>(partition.route, /*forward=*/true,
-                                                                     partition.rows.max_rows(), S, w, ldw, 0, S,
-                                                                     /*all_gates_whole=*/true);
+              w_h[block] = block_operands(partition, /*forward=*/true, B, S, w, ldw, 0, S);
             }
             run_steps(chunk_begin, chunk_end, first_t, partition.rows.begin(block), partition.rows.end(block), 0, S,
                       *w_h[block], nullptr, 0);
@@ -668,8 +677,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> sequence_
         }
         const auto [col_begin, col_end] = owned_columns(partition.columns, first, last);
         if (!w_h[first] || !w_h[first]->covers(col_begin, col_end)) {
-          w_h[first] = std::make_unique<BlockOperands<scalar_t>>(partition.route, /*forward=*/true, B, S, w, ldw,
-                                                                 col_begin, col_end, /*all_gates_whole=*/false);
+          w_h[first] = block_operands(partition, /*forward=*/true, B, S, w, ldw, col_begin, col_end);
         }
         run_steps(chunk_begin, chunk_end, first_t, 0, B, col_begin, col_end, *w_h[first], &barrier, last - first);
       });
@@ -800,17 +808,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> sequence_
       if (partition.by_rows()) {
         for (int64_t block = first; block < last; ++block) {
           // d_gates W_h
-          const BlockOperands<scalar_t> w_h(partition.route, /*forward=*/false, partition.rows.max_rows(), S, w, ldw,
-                                            0, S, /*all_gates_whole=*/true);
-          run_steps(partition.rows.begin(block), partition.rows.end(block), 0, S, w_h,
+          const auto w_h = block_operands(partition, /*forward=*/false, B, S, w, ldw, 0, S);
+          run_steps(partition.rows.begin(block), partition.rows.end(block), 0, S, *w_h,
                     bias_sums.data() + block * 3 * S, nullptr, 0);
         }
         return;
       }
       const auto [col_begin, col_end] = owned_columns(partition.columns, first, last);
-      const BlockOperands<scalar_t> w_h(partition.route, /*forward=*/false, B, S, w, ldw, col_begin, col_end,
-                                        /*all_gates_whole=*/false);
-      run_steps(0, B, col_begin, col_end, w_h, bias_sums.data(), &barrier, last - first);
+      const auto w_h = block_operands(partition, /*forward=*/false, B, S, w, ldw, col_begin, col_end);
+      run_steps(0, B, col_begin, col_end, *w_h, bias_sums.data(), &barrier, last - first);
     });
     scalar_t* grad_bias_data = grad_bias.data_ptr<scalar_t>();
     for (int64_t col = 0; col < 3 * S; ++col) {
