@@ -158,7 +158,7 @@ class LLTMLayer(torch.nn.Module):
             for direction, (weights_name, bias_name) in enumerate(names):
                 index = layer * directions + direction
                 output, h, c = lltm_sequence(
-                    layer_input, getattr(self, weights_name), getattr(self, bias_name), *initial[index],
+                    layer_input, self._parameters[weights_name], self._parameters[bias_name], *initial[index],
                     lengths=lengths, reverse=direction == 1, backend=self.backend,
                 )
                 outputs.append(output)
