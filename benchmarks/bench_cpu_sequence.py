@@ -119,6 +119,7 @@ TORCH_API void mkldnn_matmul(const Tensor& mat1, const Tensor& mat2, const Tenso
 }
 
 // The GEMMs over all steps as lltm_cpu runs them here: d_W = d_gates^T [h_prev | x], d_input.
+// From a zero h0, as here, lltm_cpu skips h0's part of d_W, and so does this.
 void own_after_loop(const at::Tensor& grad_gates, const at::Tensor& w_x, const at::Tensor& input,
                     const at::Tensor& output, const at::Tensor& h0, at::Tensor& grad_w_h, at::Tensor& grad_w_x,
                     at::Tensor& grad_input) {
@@ -126,7 +127,6 @@ void own_after_loop(const at::Tensor& grad_gates, const at::Tensor& w_x, const a
   const at::Tensor flat = grad_gates.view({T * B, -1});
   at::native::mkldnn_matmul(flat.narrow(0, B, (T - 1) * B).t(), output.view({T * B, -1}).narrow(0, 0, (T - 1) * B),
                             grad_w_h, 0.0f, 1.0f);
-  at::native::mkldnn_matmul(flat.narrow(0, 0, B).t(), h0, grad_w_h, 1.0f, 1.0f);
   at::native::mkldnn_matmul(flat.t(), input.view({T * B, -1}), grad_w_x, 0.0f, 1.0f);
   at::native::mkldnn_matmul(flat, w_x, grad_input.view({T * B, -1}), 0.0f, 1.0f);
 }
@@ -232,6 +232,7 @@ void panel_brgemm(int64_t m, int64_t k, const float* a, int64_t lda, const std::
   }
 }
 
+// From a zero h0, as here, lltm_cpu skips the first step's product (zero), and so does this: t from 1.
 void own_forward(const at::Tensor& input, const at::Tensor& w_x, const at::Tensor& bias, const at::Tensor& w_h,
                  const at::Tensor& h, at::Tensor& gates, bool by_columns) {
   const int64_t T = input.size(0), B = input.size(1), S = w_h.size(1);
@@ -240,7 +241,7 @@ void own_forward(const at::Tensor& input, const at::Tensor& w_x, const at::Tenso
   if (!by_columns) {
     for_row_blocks(B, [&](int64_t r0, int64_t r1) {
       const std::vector<float> p = panels(w_h.data_ptr<float>(), S, true, S, 0, 3 * S);  // all of W_h^T
-      for (int64_t t = 0; t < T; ++t) {
+      for (int64_t t = 1; t < T; ++t) {
         panel_brgemm(r1 - r0, S, h.data_ptr<float>() + r0 * S, S, p, 0, 3 * S, product.data() + r0 * 3 * S, 3 * S);
       }
     });
@@ -251,7 +252,7 @@ void own_forward(const at::Tensor& input, const at::Tensor& w_x, const at::Tenso
     for (int64_t g = 0; g < 3; ++g) {  // W_h's rows g*S + j0 .. g*S + j1, transposed
       gate_panels.push_back(panels(w_h.data_ptr<float>(), S, true, S, g * S + j0, g * S + j1));
     }
-    for (int64_t t = 0; t < T; ++t) {
+    for (int64_t t = 1; t < T; ++t) {
       for (int64_t g = 0; g < 3; ++g) {
         panel_brgemm(B, S, h.data_ptr<float>(), S, gate_panels[g], g * S + j0, g * S + j1, product.data(), 3 * S);
       }

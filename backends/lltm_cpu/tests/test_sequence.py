@@ -65,9 +65,22 @@ def run_oracle(inputs, lengths, reverse, grads):
 NAMES = ["output", "h_n", "c_n", "grad_input", "grad_weights", "grad_bias", "grad_h0", "grad_c0"]
 
 
-def errors_against_oracle(shape, dtype, lengths, reverse) -> dict:
+def initial_state(kind: str, batch: int, state_size: int, dtype: torch.dtype) -> torch.Tensor:
+    """h0: "random"; "zero", of both signs (the kernels skip a zero h0's products); or "zero-but-one",
+    zero except its last element, which the kernels must not skip."""
+    if kind == "random":
+        return torch.randn(batch, state_size, dtype=torch.float64).to(dtype)
+    signs = torch.where(torch.rand(batch, state_size) < 0.5, -1.0, 1.0)
+    h0 = (torch.zeros(batch, state_size) * signs).to(dtype)
+    if kind == "zero-but-one":
+        h0.view(-1)[-1] = 0.75
+    return h0
+
+
+def errors_against_oracle(shape, dtype, lengths, reverse, state="random") -> dict:
     T, B, I, S = shape
-    inputs = make_sequence_inputs(T, B, I, S, dtype=dtype)
+    inputs = list(make_sequence_inputs(T, B, I, S, dtype=dtype))
+    inputs[3] = initial_state(state, B, S, dtype).requires_grad_()
     grads = [torch.randn(T, B, S, dtype=torch.float64).to(dtype), *(torch.randn(B, S).to(dtype) for _ in range(2))]
     got = run_fused(inputs, lengths, reverse, grads)
     want = run_oracle(inputs, lengths, reverse, grads)
@@ -82,9 +95,25 @@ def test_matches_looped_cell(shape, dtype, with_lengths, reverse):
     """Outputs and every gradient against the tutorial's cell looped in float64."""
     T, B = shape[:2]
     lengths = random_lengths(T, B) if with_lengths else None
-    errors = errors_against_oracle(shape, dtype, lengths, reverse)
+    assert_matches_oracle(shape, dtype, lengths, reverse, "random")
+
+
+@pytest.mark.parametrize("state", ["zero", "zero-but-one"])
+@pytest.mark.parametrize("reverse", [False, True], ids=["forward", "reverse"])
+@pytest.mark.parametrize("with_lengths", [False, True], ids=["full", "lengths"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", [SHAPES[2], SHAPES[4]], ids=shape_id)
+def test_zero_h0_matches_looped_cell(shape, dtype, with_lengths, reverse, state):
+    """From a zero h0, whose first-step products the kernels skip, and from one that is zero but for one element."""
+    T, B = shape[:2]
+    lengths = random_lengths(T, B) if with_lengths else None
+    assert_matches_oracle(shape, dtype, lengths, reverse, state)
+
+
+def assert_matches_oracle(shape, dtype, lengths, reverse, state):
+    errors = errors_against_oracle(shape, dtype, lengths, reverse, state)
     bad = {k: v for k, v in errors.items() if v > tolerance(dtype)}
-    assert not bad, f"relative error above {tolerance(dtype)} (lengths {lengths}): {bad}"
+    assert not bad, f"relative error above {tolerance(dtype)} (lengths {lengths}, h0 {state}): {bad}"
 
 
 @pytest.mark.parametrize("reverse", [False, True], ids=["forward", "reverse"])

@@ -16,6 +16,8 @@
 // Backward: each step one fused pass gives d_gates_t (and sums the bias
 // gradient as it goes) and one GEMM d_gates_t W_h the gradient of h_{t-1};
 // after the loop, GEMMs over all steps at once give d_W and d_input.
+// From a zero h0 (LLTMLayer's default state) the first step's recurrent
+// GEMM and h0's part of d_W are skipped: their products are zero (all_zero).
 //
 // Threads: the time loop is divided between threads in one of two ways,
 // whichever measured faster at the first call of its (dtype, B, S, threads,
@@ -60,6 +62,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <sstream>
@@ -537,6 +540,28 @@ at::Tensor state_copy(const at::Tensor& source) {
   return copy;
 }
 
+// Whether every element of h0 is zero, of either sign: LLTMLayer's default
+// initial state, as nn.LSTM's hx=None.  Its products at the first step are
+// then zero, so the kernels skip them, as cuDNN does for an omitted hx: the
+// first step's recurrent GEMM forward, and the h0 part of d_W backward.  The
+// one difference from multiplying is that 0 * inf is NaN: with non-finite
+// W_h, or a non-finite d_gates at the first step, the skipped product is 0
+// where the GEMM's would be NaN.  An OR over the bits, so that it vectorizes
+// (bfloat16 too) and costs a small fraction of the GEMM it can save.
+template <typename scalar_t>
+bool all_zero(const scalar_t* data, int64_t count) {
+  using Bits = std::conditional_t<sizeof(scalar_t) == 2, uint16_t,
+                                  std::conditional_t<sizeof(scalar_t) == 4, uint32_t, uint64_t>>;
+  static_assert(sizeof(Bits) == sizeof(scalar_t));
+  Bits any = 0;
+  for (int64_t i = 0; i < count; ++i) {
+    Bits bits;
+    std::memcpy(&bits, data + i, sizeof(bits));
+    any |= bits;
+  }
+  return (any & static_cast<Bits>(std::numeric_limits<Bits>::max() >> 1)) == 0;  // the sign bit aside
+}
+
 // A state back in `dtype`: itself where it already is (new memory either way).
 at::Tensor in_dtype(const at::Tensor& state, at::ScalarType dtype) {
   return state.scalar_type() == dtype ? state : state.to(dtype);
@@ -595,6 +620,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> sequence_
     opmath_t* cell_data = cell.data_ptr<opmath_t>();
     scalar_t* hidden_data = lengths.has_value() ? h_n.data_ptr<scalar_t>() : nullptr;
     const scalar_t* h0_data = h0.const_data_ptr<scalar_t>();
+    const bool h0_zero = all_zero(h0_data, B * S);
     const scalar_t* bias_data = bias.const_data_ptr<scalar_t>();
     const int64_t* lengths_data = lengths.has_value() ? lengths->const_data_ptr<int64_t>() : nullptr;
     const auto step_pass = pointwise_kernels<scalar_t>().sequence_forward;
@@ -630,14 +656,18 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> sequence_
                                  : i == 0               ? h0_data + row_begin * S
                                                         : output_data + (previous_t * B + row_begin) * S;
         scalar_t* gates_t = gates_data + ((t - first_t) * B + row_begin) * 3 * S;
-        operands.multiply(block_rows, h_prev, S, /*accumulate=*/false, product, 3 * S);
+        // From a zero h0 (with lengths too: the state starts as h0) the first product is zero.
+        const bool from_zero = i == 0 && h0_zero;
+        if (!from_zero) {
+          operands.multiply(block_rows, h_prev, S, /*accumulate=*/false, product, 3 * S);
+        }
         if (barrier != nullptr && hidden_data != nullptr) {
           barrier->wait(weight);  // every thread has read h_{t-1} before any writes h_t over it
         }
         const SequenceForwardStep<scalar_t> pass{
             gates_t,
             bias_data,
-            product,
+            from_zero ? nullptr : product,
             cell_data + row_begin * S,
             hidden_data != nullptr ? hidden_data + row_begin * S : nullptr,
             output_data + first_row * S,
@@ -840,19 +870,22 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> sequence_
                          grad_weights_data, ldw);
     // The steps that started from h0: t = 0 forward; reversed, each row's own
     // last valid step (T-1 without lengths).  Rows past their length have
-    // zero d_gates, so output's zeros there add nothing above.
-    const scalar_t* first_grad_gates = grad_gates_data + (reverse ? (T - 1) * B * 3 * S : 0);
-    std::vector<scalar_t> gathered;
-    if (reverse && lengths_data != nullptr) {
-      gathered.resize(B * 3 * S);
-      for (int64_t row = 0; row < B; ++row) {
-        std::memcpy(gathered.data() + row * 3 * S, grad_gates_data + ((lengths_data[row] - 1) * B + row) * 3 * S,
-                    3 * S * sizeof(scalar_t));
+    // zero d_gates, so output's zeros there add nothing above.  A zero h0
+    // adds nothing (see all_zero).
+    if (const scalar_t* h0_data = h0.const_data_ptr<scalar_t>(); !all_zero(h0_data, B * S)) {
+      const scalar_t* first_grad_gates = grad_gates_data + (reverse ? (T - 1) * B * 3 * S : 0);
+      std::vector<scalar_t> gathered;
+      if (reverse && lengths_data != nullptr) {
+        gathered.resize(B * 3 * S);
+        for (int64_t row = 0; row < B; ++row) {
+          std::memcpy(gathered.data() + row * 3 * S, grad_gates_data + ((lengths_data[row] - 1) * B + row) * 3 * S,
+                      3 * S * sizeof(scalar_t));
+        }
+        first_grad_gates = gathered.data();
       }
-      first_grad_gates = gathered.data();
+      blas::gemm<scalar_t>(true, false, 3 * S, S, B, first_grad_gates, 3 * S, h0_data, S, true, grad_weights_data,
+                           ldw);
     }
-    blas::gemm<scalar_t>(true, false, 3 * S, S, B, first_grad_gates, 3 * S, h0.const_data_ptr<scalar_t>(), S, true,
-                         grad_weights_data, ldw);
     blas::gemm<scalar_t>(true, false, 3 * S, I, T * B, grad_gates_data, 3 * S, input.const_data_ptr<scalar_t>(), I,
                          false, grad_weights_data + S, ldw);
     if (needs_grad_input) {
