@@ -181,8 +181,9 @@ class LLTMLayer(torch.nn.Module):
         return output, (h_n, c_n)
 
     def _check_input(self, sequence: torch.Tensor, input) -> None:
-        # The valid case first, in one expression: at short sequences a microsecond here is a visible share.
-        parameter = self.weights_l0
+        # The valid case first, in one expression: at short sequences a microsecond here is a visible share
+        # (so is nn.Module.__getattr__, 0.45 us against 0.04 us for the dict).
+        parameter = self._parameters[self._parameter_names[0][0][0]]
         dtype = sequence.dtype
         if (sequence.shape[-1] == self.input_features and sequence.shape[0] != 0 and dtype is parameter.dtype
                 and dtype.is_floating_point and sequence.device == parameter.device):
