@@ -79,10 +79,13 @@ SMALL = dict(steps=64, batch=16, input_features=32, state_size=128)
 LARGE = dict(steps=32, batch=64, input_features=256, state_size=512)
 
 # What the notes' "written down before optimising" predicted for LLTMLayer / nn.LSTM,
-# per (dtype, size, mode): this round's (the column split and brgemm's panels).
-PREDICTED = {  # this round's (the pointwise passes' exp inlined), written before measuring the layer
-    ("float32", "large", "infer"): 0.80,
-    ("bfloat16", "large", "infer"): 0.94,
+# per (dtype, size, mode): this round's (a zero h0's products skipped), written before measuring the layer.
+PREDICTED = {
+    ("float32", "small", "train"): 0.62,
+    ("float32", "small", "infer"): 0.63,
+    ("float32", "large", "train"): 0.59,
+    ("float32", "large", "infer"): 0.78,
+    ("bfloat16", "small", "train"): 0.50,
 }
 
 # (dtype, size, mode, candidate, baseline, target): candidate time / baseline time must be at most target.
@@ -509,29 +512,33 @@ def verdict(ratios: list[float], target: float) -> str:
 NOTES = """\
 ## Notes
 
-### This round, written down before optimising: the pointwise passes' exp
+### This round, written down before optimising: a zero h0's products
 
-Last round's committed run missed two forwards at T32 B64: float32 0.87-0.89x
-(target 0.85), bfloat16 1.04-1.07x (target 1.00).  Instrumented, the
-float32 pass took 32-36 us of a ~380 us step (a seventh of the forward).
+Last round left one target short: float32 T64 B16 forward + backward,
+0.60-0.66x against 0.65.  Its sequence operators are mostly GEMMs (about 970
+of 1080 us), and those run near this CPU's peak (the per-step brgemm, M8 N384
+K128 a thread, 3.15 us: about 250 GFLOP/s a core).  So the lever left in the
+kernels is doing fewer of them.
 
-- The pass alone, one thread's block of the column split (64 rows x 256
-  columns of S512, data in cache), this CPU: float32 50 us a step, 7.5 us
-  with exp taken out: its four exponentials a vector (two sigmoids, elu's
-  expm1 and tanh, all built on exp) were 85% of it.  at::vec's exp() calls
-  SLEEF's expf in libtorch, out of line, for every vector.
-- With an inlined Cody-Waite exp (degree-7 polynomial, scaled by 2^n with
-  AVX-512's scalef, or two exponent-field powers on AVX2): 18.6 us float32;
-  bfloat16 51 -> 26 us, 21.7 us once inference stopped writing the gates
-  back (nobody reads them there).  Activations within 1.3 ulp of float64.
-- Predicted, taking the same share out of the pass in the loop (about 21 us
-  a step float32, 25 us bfloat16, of 32 steps): the T32 B64 forwards 0.87x
-  -> 0.80x and 1.04x -> 0.94x; in a fresh process (measured there before:
-  0.82x and 0.96x) 0.75x and 0.86x.  T64 B16 and the backward (no exp in
-  its pass) move less; no figure was written down for them.
-- Measured in that fresh process afterwards: 0.78x and 0.91x, about two
-  thirds of the predicted gain (the pass in the loop overlaps with other
-  work, unlike the microbenchmark's).
+- LLTMLayer's default state is zero (nn.LSTM's hx=None), and the kernels
+  multiplied it all the same: the first step's recurrent GEMM (one of the
+  forward's 64 at T64), and h0's part of d_W, a GEMM of its own (M384 N128
+  K16, 15 us on MKL at its first call, header above).  Now lltm_cpu tests h0
+  (an OR over its bits, zeros of either sign) and skips both, as cuDNN does
+  for an omitted hx.
+- Predicted: about 1-1.7% off the float32 T64 B16 forward + backward (a
+  step's GEMM and the K16 GEMM of ~1050 us), 0.8% off its forward; about 1%
+  at T32 B64.  Measured with a runtime switch, the two variants interleaved
+  in one process (30 rounds): float32 T64 B16 forward + backward 1.6%,
+  forward 0.6%; T32 B64 1.0% and 1.3%; bfloat16 1.5-4.4%.  LLTMLayer /
+  nn.LSTM should move by as much: float32 T64 B16 forward + backward about
+  0.63x -> 0.62x, still close to its bar.
+- Tried and dropped, before that: the forward pass's cell_forward was out of
+  line (a call and a vzeroupper per vector); inlined, 0.99-1.01x.  With the
+  activations replaced by a linear stand-in (a bound on what any faster
+  activation could give): the float32 T64 B16 inference forward 7% faster,
+  forward + backward unchanged.  The pointwise pass is not where the training
+  call's time goes.
 
 ### This round, checked afterwards
 
@@ -540,113 +547,63 @@ float32 pass took 32-36 us of a ~380 us step (a seventh of the forward).
 {predictions}
 
 - Where the time went (each candidate's median over {which}; float32 has the
-  GEMMs-alone rows, which run the split lltm_cpu chose, with panels):
+  GEMMs-alone rows, which run the split lltm_cpu chose, with panels, and
+  skip the zero h0's products as the kernels do):
 
 {breakdown}
 
-- Two changes to the measurement itself this round.  Every other round runs
-  the candidates in reverse order: in a fixed order each candidate always
-  followed the same one, and ratios of candidates doing the same work moved
-  by up to 5% with their place in the round.  And 60 rounds by default, not
-  20: at 20, the float32 T64 B16 forward + backward ratio moved 0.60-0.69x
-  between the runs of one invocation; at 60 it holds within 0.01-0.02.
-- Where that leaves float32 T64 B16 forward + backward (about 0.65x, the
-  target): its sequence operators are 0.54-0.55x of nn.LSTM, and lltm_core
-  with autograd and output.sum() add 0.10-0.12x on top.  Of that, any Python
-  autograd.Function costs 0.02-0.04x here: one that computes nothing, run
-  after the bare kernels, costs 1.04-1.08x of them (core_overhead.md's floor
-  row).  The kernels there are mostly GEMMs (about 1040 of 1100 us).
+- What the forward + backward rows add above the operators is autograd's and
+  the layer's, not the kernels'.  Timed alone here, with nothing else in the
+  caches (timeit's best of 7): `x.sum().backward()` on a leaf takes 12 us, the
+  engine's fixed cost, and a no-op autograd.Function's forward + backward
+  with it 24 us.  Right after the kernels, with the caches holding their
+  data, the same code runs slower.  core_overhead.md measures that floor
+  against the bare kernels.
 
-### Last round, written down before optimising (issue 18: float32 at T32 B64 I256 S512)
+### Last round: the pointwise passes' exp, and the benchmark itself
 
-Last round's results (routes measured per shape, oneDNN for the GEMMs over
-all steps, lltm-cpu's own AVX512_BF16 kernel, bfloat16 state in float) met
-six of the eight targets here; float32 at T32 B64 missed, forward 0.96-0.99x
-(target 0.85), forward + backward 0.68-0.75x (target 0.70).  Its notes gave
-the cause: the time loop split the batch rows between the 2 threads, each
-running brgemm for its 32 rows on its own 3 MB copy of W_h^T, streaming all
-of W_h every step.  This round adds a second partition, the state columns
-(each thread its slices of W_h, all 64 rows, one barrier a step), chosen
-against the rows by measurement at each key's first call.
+- at::vec's exp() calls SLEEF's expf in libtorch, out of line, for every
+  vector; the cell's four exponentials were 85% of the forward's pointwise
+  pass (one thread's 64 rows x 256 columns of S512: 50 us a step, 7.5 us
+  without).  An inlined Cody-Waite exp (degree-7 polynomial, AVX-512's
+  scalef or two exponent-field powers on AVX2) took it to 18.6 us in
+  float32, bfloat16 51 -> 21.7 us; activations within 1.3 ulp of float64.
+  Predicted 0.80x and 0.94x for the T32 B64 forwards; measured 0.78-0.80x
+  and 0.89-0.91x, which met their targets.
+- Every other round runs the candidates in reverse order (in a fixed order
+  ratios of equal-cost candidates moved by up to 5% with their place), and
+  60 rounds by default (at 20, one invocation's float32 T64 B16 forward +
+  backward ratios moved 0.60-0.69x; at 60 within 0.01-0.02).
 
-Measured before changing the kernels, this CPU, 2 threads:
+### Two rounds ago: the time loop's column split and brgemm's panels
 
-- The time loop's step at T32 B64 (the difference of T32 and T2 calls, I=1):
-  forward 347 us (GEMM + pointwise pass), backward 420 us past the d_W GEMM's
-  share; instrumented, one thread's GEMM took 240-424 us a step, the other's
-  as little as 240 us, the pass 25-31 us: the slower thread sets the pace.
-- A microbenchmark of the step GEMMs alone (torch's brgemm, both threads at
-  once, per step): rows (M32 N1536 K512 a thread) 236-377 us, run to run;
-  columns (M64, three N256 K512 slices a thread) 195-203 us.  Backward rows
-  (M32 N512 K1536) 235-387 us, columns (M64 N256 K1536) 249-309 us.
-  With op(W_h) laid out in panels of 64 columns, one brgemm call per panel
-  (each panel stays in the 1 MB L2 while the rows pass over it): rows
-  203-207 us forward and 200-205 us backward, columns 195-198 and 194-196.
-  At T64 B16 S128 (W_h in L2 either way) every variant took 3.3-4.2 us.
-- Predicted: the column split alone saves ~45 us a step forward, forward
-  0.99x -> ~0.89x (short of 0.85); with the panels ~0.85x, and the
-  backward's ~50-150 us a step less, forward + backward ~0.64x.  T64 B16:
-  the split and panels within a few per cent of the rows (0.66x, 0.80x);
-  bfloat16 (its own kernel, not brgemm) about as before.
-
-### Last round, checked afterwards
-
-- Predicted against measured (that round's last invocation, three runs):
-  float32 T64 B16 forward + backward 0.66x / 0.62-0.67x, forward 0.80x /
-  0.61-0.78x; T32 B64 0.64x / 0.64-0.76x and 0.85x / 0.87-0.89x; bfloat16
-  T64 B16 0.63x / 0.43-0.44x and 0.87x / 0.66-0.71x; T32 B64 0.52x /
-  0.55-0.56x and 0.95x / 1.04-1.07x.
-- Instrumented after the changes (float32 T32 B64 forward, column split, one
-  call): each thread's GEMM 190-200 us a step, the pass 32-36 us, waiting
-  at the barrier 1-5 us; the input projection 3.5-3.9 ms; laying out the
-  threads' slices of W_h 0.3-0.4 ms a call.  Three changes found on the
-  way: the GEMM's product now goes into a buffer of its own, not into the
-  projection's rows, which the projection left in L3 (225 -> 198 us a
-  step); the panels' layout is written panel by panel (0.9 -> 0.3-0.4 ms a
-  call); and the splits are timed on whole steps, pointwise pass included.
-  Timed on their GEMMs and barrier alone, rows and columns measured equal
-  at T64 B16 (3.30 against 3.31 us) and columns was often chosen, but the
-  loop ran slower by columns (forward + backward 0.70-0.73x against
-  0.67-0.68x before): a thread waits at every step's barrier for whatever
-  the other loses in its pass.  On whole steps rows wins there clearly
-  (5.3 against 6.3 us forward) and columns at T32 B64 (275 against 287 us).
-  The choices and their timings are in the header (`time loop ...`).
-- This session's machine was noisy in a way the quiet check cannot see (no
-  other process ran; the VM runs DAMON with a pageout scheme): in most
-  benchmark processes every candidate slowed by 1.1-1.5x from the second
-  run on (nn.LSTM at T64 B16, forward + backward, ~3000 us against ~2000 us
-  in a first run or a fresh process; lltm-cpu's bfloat16 T32 B64 forward
-  8.2 ms against 6.4-6.5 ms in a fresh process), with main's build
-  (0812f32) as well as this branch's, so the ratios move with it.  Over
-  seven invocations of the command above after the panels and the separate
-  product (21 runs): float32 T32 B64 0.80-0.89x forward, 0.55-0.77x forward
-  + backward; T64 B16 0.61-0.95x and 0.61-0.73x; bfloat16 T32 B64 forward
-  0.88-1.07x.  Main's build, one invocation in the same conditions: float32
-  T32 B64 0.95-1.05x and 0.68-0.76x, bfloat16 T32 B64 forward 0.94-1.06x.
-  The tables above are the last invocation's.
-- Also fixed: in a process that never called torch.set_num_threads, the
-  first sequence call's route tuning left torch on one thread for good
-  (MKL's one-thread setting held across a parallel region).  This benchmark
-  sets the threads, so last round's figures were not affected.
+The time loop is split between the threads by batch rows or by state
+columns, whichever measured faster on whole steps at the key's first call
+(rows at T64 B16, columns at T32 B64, header above), and each thread's share
+of W_h is laid out in panels of 64 columns that stay in L2.  Timed on their
+GEMMs alone the splits measured equal at T64 B16, but by columns a thread
+waits at every step's barrier for whatever the other loses in its pass, so
+the splits are timed with the pass included.
 
 ### Not done, and why
 
 - The layout of W_h's slices is redone at every call (0.3-0.4 ms at T32
-  B64); caching it across calls was not tried: in-place writes through
-  `.data` do not bump the version counter, so a cache could go stale.
+  B64, a few us at T64 B16); caching it across calls was not tried: in-place
+  writes through `.data` do not bump the version counter, so a cache could
+  go stale.
+- The backward still computes h0's gradient (its step-0 GEMM) when h0 does
+  not require grad, as LLTMLayer's zero state does not: the operator's
+  contract returns it, and skipping it would need a flag the contract lacks.
 - The backward pass adds each row's gate gradients into the bias sums in
-  memory; summing a vector of columns over the rows in registers (columns
-  outer) was tried and measured 10-100% slower alone (the rows' streams
-  interleave), so it was left.
+  memory; summing in registers, columns outer, measured 10-100% slower.
 - AMX and an AVX2-only CPU: this CPU has AVX-512 and AVX512_BF16 and no AMX,
-  so no AMX figure is claimed.  The split is measured per process, so an
-  Intel Xeon (where the issue saw MKL win the per-step GEMMs) chooses its
-  own; not measured here.  `ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2`
-  would show the AVX2 picture here, not measured.
+  so no AMX figure is claimed.  The routes and the split are measured per
+  process, so an Intel Xeon (where the issue saw MKL win the per-step GEMMs)
+  chooses its own; not measured here.
 - Bit-for-bit equal runs need the split fixed as well as the GEMM routes
   (`LLTM_CPU_SPLIT=rows`): the two sum the bias gradient in other orders.
 - Multi-layer: lltm_core composes the layers (one sequence call per layer and
-  direction) and that is left so, as last round.
+  direction) and that is left so.
 """
 
 
