@@ -65,11 +65,9 @@ def run_oracle(inputs, lengths, reverse, grads):
 NAMES = ["output", "h_n", "c_n", "grad_input", "grad_weights", "grad_bias", "grad_h0", "grad_c0"]
 
 
-def initial_state(kind: str, batch: int, state_size: int, dtype: torch.dtype) -> torch.Tensor:
-    """h0: "random"; "zero", of both signs (the kernels skip a zero h0's products); or "zero-but-one",
-    zero except its last element, which the kernels must not skip."""
-    if kind == "random":
-        return torch.randn(batch, state_size, dtype=torch.float64).to(dtype)
+def zero_state(kind: str, batch: int, state_size: int, dtype: torch.dtype) -> torch.Tensor:
+    """h0 "zero", of both signs (the kernels skip a zero h0's products), or "zero-but-one", zero except
+    its last element, which the kernels must not skip."""
     signs = torch.where(torch.rand(batch, state_size) < 0.5, -1.0, 1.0)
     h0 = (torch.zeros(batch, state_size) * signs).to(dtype)
     if kind == "zero-but-one":
@@ -78,9 +76,11 @@ def initial_state(kind: str, batch: int, state_size: int, dtype: torch.dtype) ->
 
 
 def errors_against_oracle(shape, dtype, lengths, reverse, state="random") -> dict:
+    """state: "random" (make_sequence_inputs's h0), or a kind of zero_state."""
     T, B, I, S = shape
     inputs = list(make_sequence_inputs(T, B, I, S, dtype=dtype))
-    inputs[3] = initial_state(state, B, S, dtype).requires_grad_()
+    if state != "random":
+        inputs[3] = zero_state(state, B, S, dtype).requires_grad_()
     grads = [torch.randn(T, B, S, dtype=torch.float64).to(dtype), *(torch.randn(B, S).to(dtype) for _ in range(2))]
     got = run_fused(inputs, lengths, reverse, grads)
     want = run_oracle(inputs, lengths, reverse, grads)
