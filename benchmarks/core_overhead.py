@@ -23,8 +23,10 @@ a ratio taken within one round sees both candidates at the same speed.
   is not installed.  One more row, with no target, gives the floor under the second: the bare
   kernels followed by a Python autograd.Function that computes nothing (six saved tensors, as
   lltm_core's), against the bare kernels alone; a second, the same kernels in the thinnest
-  Python autograd.Function that runs them; and a third, the same in a C++ torch::autograd::Function
-  (compiled here with load_inline; the row says so when it cannot be built).
+  Python autograd.Function that runs them; a third, the same in a C++ torch::autograd::Function
+  (compiled here with load_inline; the row says so when it cannot be built); and a fourth,
+  LLTMLayer as it is but with that C++ node in place of lltm_core's Python autograd.Function (what
+  moving the node into a backend's C++ would leave of the gap).
 * **inference**: each v3 backend's ``sequence_forward`` with
   ``needs_backward=False`` (the input projected a chunk of steps at a time,
   nothing saved) against the same call with ``needs_backward=True`` (what every
@@ -48,7 +50,7 @@ from pathlib import Path
 import torch
 
 import lltm_core
-from lltm_core import _registry
+from lltm_core import _registry, _sequence
 from lltm_core._sequence import run_forward
 from lltm_core.testing import SeedLLTM
 
@@ -169,46 +171,69 @@ def sequence_table(rounds: int) -> tuple[list[str], bool]:
     def noop_after_bare():
         bare_train()
         x.grad = weights.grad = bias.grad = None
-        _NoOp.apply(x, weights, bias).sum().backward()
+        _no_op_apply(x, weights, bias).sum().backward()
 
     # The same kernels in the thinnest Python autograd.Function that runs them: what is left of the
     # second row's gap with none of lltm_core (no checks, no choice of backend, no LLTMLayer).
     def minimal_function_train():
         x.grad = weights.grad = bias.grad = None
-        _MinimalSequence.apply(backend, x, weights, bias, zeros)[0].sum().backward()
+        _minimal_sequence_apply(backend, x, weights, bias, zeros)[0].sum().backward()
 
-    lines, ok = [], True
-    for label, bare, full in (("forward (no_grad)", bare_forward, layer_forward),
-                              ("forward + backward", bare_train, layer_train)):
-        text, met = row(f"sequence T{T} B{B} I{I} S{S}, {label}: LLTMLayer(cpu) / bare sequence kernels",
-                        per_round_ratios(bare, full, rounds, calls_for(full, 0.03)), 1.05)
-        lines.append(text)
-        ok &= met
+    text, ok = row(f"sequence T{T} B{B} I{I} S{S}, forward (no_grad): LLTMLayer(cpu) / bare sequence kernels",
+                   per_round_ratios(bare_forward, layer_forward, rounds, calls_for(layer_forward, 0.03)), 1.05)
+    lines = [text]
 
-    def floor(label: str, candidate, meaning: str) -> str:
-        """A row with no target: candidate's forward + backward against the bare kernels'."""
-        ratios = per_round_ratios(bare_train, candidate, rounds, calls_for(bare_train, 0.03))
-        return (f"| floor: {label} / bare kernels | {statistics.median(ratios):.3f}x | "
-                f"{min(ratios):.3f}–{max(ratios):.3f} | (none: {meaning}) |")
-
-    lines.append(floor("the bare kernels plus a no-op autograd.Function's forward + backward", noop_after_bare,
-                       "what any autograd.Function costs here"))
-    lines.append(floor("the same kernels in a minimal Python autograd.Function (no lltm_core)",
-                       minimal_function_train, "what a Python autograd.Function around these kernels costs"))
+    # Forward + backward: LLTMLayer and the floors under it, all timed in the same rounds (the order
+    # rotating), so that the rows compare with each other and not only with the bare kernels.
+    training = {"bare": bare_train, "layer": layer_train, "no-op": noop_after_bare, "minimal": minimal_function_train}
+    floors = [("no-op", "the bare kernels plus a no-op autograd.Function's forward + backward",
+               "what any autograd.Function costs here"),
+              ("minimal", "the same kernels in a minimal Python autograd.Function (no lltm_core)",
+               "what a Python autograd.Function around these kernels costs")]
     # And in a C++ torch::autograd::Function: what taking the node out of Python would leave.
     node = _cpp_sequence_node()
+    if not isinstance(node, str):
+        def cpp_node_train():
+            x.grad = weights.grad = bias.grad = None
+            node.apply(x, weights, bias, zeros)[0].sum().backward()
+
+        # LLTMLayer as it is (every check, the choice of backend, its own Python), with that C++ node in
+        # place of lltm_core's Python autograd.Function: what a backend-supplied C++ node would bring,
+        # measured before anyone builds one.
+        def cpp_node_in_layer(backend, input, weights, bias, h0, c0, lengths, reverse):
+            assert h0 is c0 and lengths is None and not reverse  # the layer's zero-state call: the node's only one
+            return node.apply(input, weights, bias, h0)
+
+        python_node = _sequence._apply_without_functorch
+
+        def layer_with_cpp_node_train():
+            _sequence._apply_without_functorch = cpp_node_in_layer
+            try:
+                layer_train()
+            finally:
+                _sequence._apply_without_functorch = python_node
+
+        training.update({"C++": cpp_node_train, "layer, C++": layer_with_cpp_node_train})
+        floors += [("C++", "the same kernels in a C++ torch::autograd::Function (no Python around them)",
+                    "what moving the autograd node to C++ would leave"),
+                   ("layer, C++", "LLTMLayer with the C++ node in place of its Python autograd.Function",
+                    "what lltm_core's Python costs around a C++ node")]
+    times = per_round_times(training, rounds, calls_for(bare_train, 0.03))
+
+    def against_bare(name: str) -> list[float]:
+        return [t[name] / t["bare"] for t in times]
+
+    text, met = row(f"sequence T{T} B{B} I{I} S{S}, forward + backward: LLTMLayer(cpu) / bare sequence kernels",
+                    against_bare("layer"), 1.05)
+    lines.append(text)
+    for name, label, meaning in floors:
+        ratios = against_bare(name)
+        lines.append(f"| floor: {label} / bare kernels | {statistics.median(ratios):.3f}x | "
+                     f"{min(ratios):.3f}–{max(ratios):.3f} | (none: {meaning}) |")
     if isinstance(node, str):
         lines.append(f"| floor: the same kernels in a C++ torch::autograd::Function / bare kernels | not measured: "
                      f"{node} | | |")
-        return lines, ok
-
-    def cpp_node_train():
-        x.grad = weights.grad = bias.grad = None
-        node.apply(x, weights, bias, zeros)[0].sum().backward()
-
-    lines.append(floor("the same kernels in a C++ torch::autograd::Function (no Python around them)",
-                       cpp_node_train, "what moving the autograd node to C++ would leave"))
-    return lines, ok
+    return lines, ok and met
 
 
 # lltm-cpu's sequence operators, called through the dispatcher from a C++ autograd node that
@@ -301,6 +326,12 @@ class _NoOp(torch.autograd.Function):
     def backward(ctx, grad):
         ctx.saved_tensors
         return None, None, None
+
+
+# Both floors call Function.apply as lltm_core calls its own (without the Python wrapper that only
+# serves torch.func transforms, see lltm_core._sequence), so that they differ from it in nothing else.
+_minimal_sequence_apply = super(torch.autograd.Function, _MinimalSequence).apply
+_no_op_apply = super(torch.autograd.Function, _NoOp).apply
 
 
 def inference_table(rounds: int) -> tuple[list[str], bool]:
