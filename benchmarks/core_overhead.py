@@ -213,6 +213,15 @@ def sequence_table(rounds: int) -> tuple[list[str], bool]:
             finally:
                 _sequence._apply_without_functorch = python_node
 
+        # Timed only if it computes what LLTMLayer computes: the same gradients through the C++ node
+        # (within rounding: lltm-cpu may settle its GEMM routes during the first calls).
+        grads = []
+        for train in (layer_train, layer_with_cpp_node_train):
+            train()
+            train()
+            grads.append([t.grad.clone() for t in (x, weights, bias)])
+        for got, want in zip(*grads):
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
         training.update({"C++": cpp_node_train, "layer, C++": layer_with_cpp_node_train})
         floors += [("C++", "the same kernels in a C++ torch::autograd::Function (no Python around them)",
                     "what moving the autograd node to C++ would leave"),
