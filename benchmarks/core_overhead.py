@@ -20,9 +20,9 @@ a ratio taken within one round sees both candidates at the same speed.
   autograd), forward under ``torch.no_grad()`` and forward + backward of
   ``output.sum()`` (the bare side computes the sum too, and passes the
   expanded gradient autograd would).  Target: <= 1.05x each.  Skipped, saying so, where lltm-cpu
-  is not installed.  One more row, with no target, gives the floor under the second: the bare
-  kernels followed by a Python autograd.Function that computes nothing (six saved tensors, as
-  lltm_core's), against the bare kernels alone; a second, the same kernels in the thinnest
+  is not installed.  Four more rows, with no target and timed in the second's rounds, give the
+  floors under it: the bare kernels followed by a Python autograd.Function that computes nothing
+  (six saved tensors, as lltm_core's), against the bare kernels alone; a second, the same kernels in the thinnest
   Python autograd.Function that runs them; a third, the same in a C++ torch::autograd::Function
   (compiled here with load_inline; the row says so when it cannot be built); and a fourth,
   LLTMLayer as it is but with that C++ node in place of lltm_core's Python autograd.Function (what
@@ -240,8 +240,8 @@ def sequence_table(rounds: int) -> tuple[list[str], bool]:
         lines.append(f"| floor: {label} / bare kernels | {statistics.median(ratios):.3f}x | "
                      f"{min(ratios):.3f}–{max(ratios):.3f} | (none: {meaning}) |")
     if isinstance(node, str):
-        lines.append(f"| floor: the same kernels in a C++ torch::autograd::Function / bare kernels | not measured: "
-                     f"{node} | | |")
+        lines.append(f"| floor: the same kernels in a C++ torch::autograd::Function, alone and in LLTMLayer / bare "
+                     f"kernels | not measured: {node} | | |")
     return lines, ok and met
 
 
