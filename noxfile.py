@@ -30,7 +30,7 @@ import nox
 ROOT = Path(__file__).parent
 TORCH_CPU = "torch==2.13.0"  # the CPU build: tests run against it
 TORCH_CUDA = "torch==2.14.1"  # the CUDA 13.0 build: only to compile lltm-cuda here
-TORCH_DEVICE = "torch==2.11.0"  # what the H200 machine's image runs (2.11.0+cu130): see the device_torch session
+TORCH_DEVICE = "torch==2.11.0"  # the GPU check's preinstalled torch (2.11.0+cu130): see the device_torch session
 TRITON = "triton==3.9.0"  # lltm-triton's kernels, run here by its numpy interpreter (with torch 2.13.0's CPU build)
 BUILD_TOOLS = ("setuptools>=64", "wheel", "ninja")
 TEST_TOOLS = ("pytest", "numpy", "matplotlib")  # matplotlib: lltm bench --plot is tested too
@@ -53,7 +53,7 @@ def _session(func):
             if os.environ.get("LLTM_NOX_DISCARD_VENVS") == "1":
                 location = getattr(session.virtualenv, "location", None)
                 if location and Path(location).is_dir():
-                    session.log(f"deleting this session's venv {location} (LLTM_NOX_DISCARD_VENVS=1)")
+                    session.log(f"deleting the venv {location} (LLTM_NOX_DISCARD_VENVS=1)")
                     shutil.rmtree(location, ignore_errors=True)
 
     return nox.session(run)
@@ -197,10 +197,10 @@ def triton(session):
 
     TRITON_INTERPRET=1 must be set before Python starts (Triton reads it as each kernel is defined),
     so it is set for the session's commands, after `lltm info` has shown lltm-triton's reason for
-    being unavailable without it.  The interpreter runs the kernels with numpy, a program at a time:
-    on this project's 2 shared cores the session took 5 min 9 s, the kit 3 min 44 s of it (its
-    701-step inference test and the float64 gradchecks are most of that), lltm-triton's tests 32 s.  What it cannot check is
-    in backends/lltm_triton/tests/test_gpu.py, run on a GPU by benchmarks/gpu_check.sh.
+    being unavailable without it.  The interpreter runs the kernels with numpy, a program at a time,
+    so this is one of CI's slowest sessions (the kit's 701-step inference test and the float64
+    gradchecks are most of it).  What it cannot check is in backends/lltm_triton/tests/test_gpu.py,
+    run on a GPU by benchmarks/gpu_check.sh.
     """
     session.install(TORCH_CPU, TRITON, *BUILD_TOOLS, *TEST_TOOLS)
     session.install("--no-build-isolation", "--no-deps", ".", "./backends/lltm_ref", "./backends/lltm_triton")
@@ -216,8 +216,8 @@ def triton(session):
 def device_torch(session):
     """Opt-in, about 5 GB: everything against the GPU machine's torch before spending device time on it.
 
-    The H200 that runs benchmarks/gpu_check.sh has torch 2.11.0+cu130 and nothing can be installed
-    there, so the sources must build and pass against that torch as they are.  This runs the GPU
+    The GPU machine that runs benchmarks/gpu_check.sh (an H200) has torch 2.11.0+cu130 preinstalled and
+    installs nothing, so the sources must build and pass against that torch as they are.  This runs the GPU
     check's dry run (lltm-cuda built with nvcc, its GPU-free tests) and the CPU tests under it.
     """
     session.install(TORCH_DEVICE, *BUILD_TOOLS, *TEST_TOOLS)

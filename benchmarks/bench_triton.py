@@ -34,7 +34,7 @@ from lltm_core._device import cuda_unavailable_reason
 SIZES = {"tutorial": (64, 16, 32, 128), "mid": (256, 32, 128, 256), "big": (64, 256, 1024, 1024)}
 MODES = [("bfloat16", torch.bfloat16, True), ("float32 TF32", torch.float32, True),
          ("float32 IEEE", torch.float32, False)]
-# (size, mode, measure, baseline) -> the ratio lltm-triton must stay at or under (issue 20's H200 targets).
+# (size, mode, measure, baseline) -> the ratio lltm-triton must stay at or under on an H200.
 TARGETS = {
     **{("tutorial", mode, measure, "cuDNN nn.LSTM"): 0.75
        for mode in ("bfloat16", "float32 TF32") for measure in ("forward", "forward+backward")},

@@ -15,8 +15,8 @@
 # Writes $OUT/h200.log (everything printed) and $OUT/h200.md (the report to commit as
 # benchmarks/results/h200.md), the report rewritten after every step so that a run cut
 # short still leaves one.  Needs only what a CUDA image has: python3 with a CUDA build of
-# torch, nvcc, ninja, pytest; nothing from the network.  From the device tool:
-# run(command="bash benchmarks/gpu_check.sh", timeout_s=GPU_CHECK_SECONDS + 60).
+# torch, nvcc, ninja, pytest; nothing from the network.  Give the command a wall-clock limit of
+# about GPU_CHECK_SECONDS + 60.
 #
 # Environment: PYTHON (default python3), TORCH_CUDA_ARCH_LIST (default 9.0: one
 # architecture keeps the build short), GPU_CHECK_SECONDS (default 480: the whole run's
@@ -130,7 +130,8 @@ print(\"lltm-cuda built for torch\", b.TORCH_VERSION, \"arch\", b.ARCH_LIST, \"w
 # --- lltm-triton ----------------------------------------------------------------------------
 # After lltm-cuda's checks (then lltm-cuda is built, and the comparison has it), or alone with
 # GPU_CHECK_ONLY=triton, sized for one device call of its own (at most 9 minutes with lltm-cuda's
-# build: GPU_CHECK_ONLY=triton GPU_CHECK_SECONDS=540, run(timeout_s=600)): install lltm-triton (pure Python; triton is the machine's, from its torch), run the kit on
+# build: GPU_CHECK_ONLY=triton GPU_CHECK_SECONDS=540): install lltm-triton (pure Python; triton is
+# the one that comes with the machine's torch), run the kit on
 # CUDA in all four dtypes first, then lltm-triton's own tests (those the interpreter cannot check
 # among them), then benchmarks/bench_triton.py: lltm-triton, lltm-cuda and cuDNN's nn.LSTM at
 # T64 B16 I32 S128, T256 B32 I128 S256 and T64 B256 I1024 S1024, in bfloat16 and in float32 with

@@ -1,8 +1,8 @@
 """can_run and should_run: which calls the Triton kernels can compute, and where they are expected to win.
 
 Cheap and deterministic, as lltm-core asks (it memoizes the answers): arithmetic on the Call only,
-no triton import, no device query.  The limits are defaults from the arithmetic below, to be
-revised by the H200 measurement (benchmarks/gpu_check.sh).
+no triton import, no device query.  The limits are defaults from the arithmetic below, not yet
+measured on a GPU (benchmarks/gpu_check.sh measures them on an H200).
 
 The persistent sequence kernel wins by not launching two kernels a step (lltm-cuda's design:
 cuBLAS h W_h^T, then a pointwise kernel) and by keeping W_h on chip.  One SM of an H100 or H200

@@ -312,7 +312,7 @@ def _meta(dtype: torch.dtype, S: int) -> dict:
     meta = dict(ACC=accumulator(dtype), DOT=dot_dtype(dtype), PRECISION=dot_precision(dtype), BLOCK_B=BLOCK_B)
     if resident(S, dtype):
         # Enough warps that W_h takes at most 64 registers (256 bytes) a thread: 4 for 24 KB, 16 for 96 KB
-        # or more (S128).  A default for the H200 measurement to revise.
+        # or more (S128).  A default from that arithmetic, not yet tuned on a GPU.
         warps = min(16, max(4, triton.next_power_of_2(-(-w_h_bytes(S, dtype) // (32 * 256)))))
         meta.update(S_PAD=state_pad(S), num_warps=warps)
     else:
