@@ -54,9 +54,10 @@ def _export_model():
     return module
 
 
-def _run_in_cpp(runner: Path, package: Path, x: torch.Tensor, tmp: Path) -> torch.Tensor:
+def _run_in_cpp(runner: Path, package: Path, x: torch.Tensor, tmp: Path, library: str | None = None) -> torch.Tensor:
     torch.save([x], tmp / "inputs.pt")
-    done = subprocess.run([str(runner), lltm_core.get_backend("cpu").operator_library, str(package),
+    library = library or lltm_core.get_backend("cpu").operator_library
+    done = subprocess.run([str(runner), library, str(package),
                            str(tmp / "inputs.pt"), str(tmp / "outputs.pt")],
                           capture_output=True, text=True, env={"PATH": os.environ.get("PATH", "")})
     assert done.returncode == 0, done.stdout + done.stderr
@@ -101,6 +102,21 @@ def test_cell_stepped_in_python_runs_in_cpp(runner, tmp_path):
         _check(_run_in_cpp(runner, package, x, tmp_path), want, torch.float32, f"C++, B{batch}")
 
 
+def test_a_model_exported_on_lltm_ref_needs_no_lltm_library(runner, tmp_path):
+    """lltm-ref's kernels are ATen operators: export traces through them (static shapes), and the
+    package runs in C++ with no operator library loaded."""
+    export_model = _export_model()
+    torch.manual_seed(3)
+    model = export_model.SequenceClassifier(backend="ref").eval()
+    x = torch.randn(2, 5, export_model.INPUT_FEATURES)
+    with torch.no_grad():
+        program = torch.export.export(model, (x,))
+        want = model(x)
+    assert not [n for n in program.graph.nodes if n.op == "call_function" and "lltm" in str(n.target)]
+    package = torch._inductor.aoti_compile_and_package(program, package_path=str(tmp_path / "model.pt2"))
+    _check(_run_in_cpp(runner, Path(package), x, tmp_path, library="-"), want, torch.float32, "C++, lltm-ref")
+
+
 def test_the_example_script_prints_how_to_run_it(tmp_path):
     if _missing():
         pytest.skip(_missing())
@@ -109,3 +125,16 @@ def test_the_example_script_prints_how_to_run_it(tmp_path):
     assert done.returncode == 0, done.stdout + done.stderr
     assert (tmp_path / "model.pt2").is_file()
     assert "lltm_deploy_runner " + lltm_core.get_backend("cpu").operator_library in done.stdout, done.stdout
+
+
+def test_packed_sequences_say_they_stay_in_python():
+    from torch.nn.utils.rnn import pack_padded_sequence
+
+    layer = lltm_core.LLTMLayer(3, 4, backend="ref")
+
+    class Packed(torch.nn.Module):
+        def forward(self, x, lengths):
+            return layer(pack_padded_sequence(x, lengths, enforce_sorted=False))[1][0]
+
+    with pytest.raises(Exception, match="torch.export cannot take a PackedSequence"):
+        torch.export.export(Packed(), (torch.randn(5, 2, 3), torch.tensor([5, 3])))

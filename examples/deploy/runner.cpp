@@ -4,7 +4,8 @@
 //
 // OPERATOR_LIBRARY is the backend's operator library (`python -m lltm_cpu --library` prints its
 // path): AOTInductor calls the lltm operators the package holds through the dispatcher, so they
-// must be registered first.  INPUTS.pt is what Python's torch.save wrote (a tensor, or a list or
+// must be registered first ("-" for a package of ATen operators alone, as one exported on
+// lltm-ref is).  INPUTS.pt is what Python's torch.save wrote (a tensor, or a list or
 // tuple of them); OUTPUTS.pt is written for Python's torch.load, as a tuple of tensors.  With
 // --repeat N the package runs N more times and the median time of one run is printed.
 #include <dlfcn.h>
@@ -54,7 +55,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   // RTLD_NOW: every symbol the library needs must resolve here, without Python.
-  if (dlopen(argv[1], RTLD_NOW | RTLD_GLOBAL) == nullptr) {
+  if (std::string(argv[1]) != "-" && dlopen(argv[1], RTLD_NOW | RTLD_GLOBAL) == nullptr) {
     std::cerr << "cannot load the operator library: " << dlerror() << "\n";
     return 1;
   }
