@@ -111,6 +111,8 @@ def cpu(session):
     session.run("lltm", "info")
     _pytest(session, str(ROOT / "backends/lltm_cpu/tests"))
     _pytest(session, "--pyargs", "lltm_core.testing", "--lltm-backend", "cpu")
+    # With lltm-cpu here, the deploy path (export, AOTInductor, the C++ runner) must run, not skip.
+    session.env["LLTM_REQUIRE_DEPLOY"] = "1"
     _pytest(session, str(ROOT / "tests"))
 
 

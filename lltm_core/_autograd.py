@@ -24,7 +24,7 @@ import threading
 import torch
 import torch.autograd.forward_ad as _forward_ad
 
-from . import _registry
+from . import _fake, _registry
 from ._registry import BackendError
 from .backend import Backend
 
@@ -226,20 +226,26 @@ def _register(name: str, kernels):
 
     @forward_op.register_fake
     def _(input, weights, bias, old_h, old_cell, named=None, needs_backward=True):
-        B, I = input.shape
-        S = old_h.shape[1]
-        shapes = [(B, S), (B, S), *kernels()[2](B, I, S).values()]
-        return [input.new_empty(shape) for shape in shapes]
+        return _fake.cell_forward(kernels()[2], input, old_h)
 
     @backward_op.register_fake
     def _(grad_new_h, grad_new_cell, weights, saved, needs_grad_X):
-        B, S = grad_new_h.shape
-        return [
-            grad_new_h.new_empty((B, weights.shape[1]) if needs_grad_X else (0,)),
-            torch.empty_like(weights),
-            weights.new_empty((weights.shape[0],)),
-            torch.empty_like(grad_new_h),
-        ]
+        return _fake.cell_backward(grad_new_h, weights, needs_grad_X)
+
+    setup_context, backward = cell_formula(lambda grad_h, grad_c, weights, saved, needs_grad_X: backward_op(
+        grad_h, grad_c, weights, saved, needs_grad_X))
+    forward_op.register_autograd(lambda ctx, grads: backward(ctx, grads), setup_context=setup_context)
+    return forward_op, backward_op
+
+
+def cell_formula(run_backward):
+    """(setup_context, backward) for torch.library.register_autograd on a step's forward operator.
+
+    Shared by lltm's wrapper operators and a backend's own (see _trace): both
+    save the weights and the forward's saved outputs, and ``backward(ctx,
+    grads)`` calls ``run_backward(grad_new_h, grad_new_cell, weights, saved,
+    needs_grad_X)``, the backend's backward kernel.
+    """
 
     def setup_context(ctx, inputs, output):
         ctx.save_for_backward(inputs[1], *output[2:])  # weights, then the backend's saved tensors
@@ -256,11 +262,10 @@ def _register(name: str, kernels):
         like = grad_new_cell if grad_new_h is None else grad_new_h
         needs_input, _, _, needs_old_h = ctx.needs_input_grad[:4]
         needs_grad_X = needs_input or needs_old_h
-        grad_X, grad_weights, grad_bias, grad_old_cell = backward_op(
+        grad_X, grad_weights, grad_bias, grad_old_cell = run_backward(
             _grad_or_zeros(grad_new_h, like), _grad_or_zeros(grad_new_cell, like), weights, saved, needs_grad_X
         )
         grad_input, grad_old_h = _split_grad_X(grad_X, grad_old_cell.shape[1], needs_grad_X)
         return (grad_input, grad_weights, grad_bias, grad_old_h, grad_old_cell, None, None)[:n_args]
 
-    forward_op.register_autograd(backward, setup_context=setup_context)
-    return forward_op, backward_op
+    return setup_context, backward

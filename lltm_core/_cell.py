@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from . import _autograd, _registry
+from . import _autograd, _registry, _trace
 from ._checks import check_lltm_args
 from .backend import Backend
 
@@ -25,23 +25,10 @@ def lltm(input, weights, bias, old_h, old_cell, *, backend: str | Backend | None
     check_lltm_args(input, weights, bias, old_h, old_cell)
     if bias.dim() != 1:  # (1, 3S), as pytorch/extension-cpp passes it; autograd reshapes its gradient back
         bias = bias.view(-1)
+    tensors = (input.contiguous(), weights.contiguous(), bias.contiguous(), old_h.contiguous(), old_cell.contiguous())
     if _compiling():
-        # The choice is made while tracing and baked into the graph as a call
-        # to that backend's custom operator.  Reading the registry's compile_*
-        # globals here makes Dynamo guard on them, so a later use_backend()
-        # block or refresh() retraces (see _registry.compile_hint).  When
-        # backend= names nothing, the operator checks the choice again each
-        # time it runs.
-        needs = torch.is_grad_enabled() and any(t.requires_grad for t in (input, weights, bias, old_h, old_cell))
-        call = _traced_call("cell", input.device.type, input.dtype, backend, input.shape[0], input.shape[1],
-                            old_h.shape[1], None, needs)
-        name = _traced_choice(input.device.type, input.dtype, backend, call, _registry.compile_hint,
-                              _registry.compile_generation)
-        named = backend if isinstance(backend, str) else backend.name if isinstance(backend, Backend) else None
-        out = getattr(torch.ops.lltm, f"{name}_forward")(
-            input.contiguous(), weights.contiguous(), bias.contiguous(), old_h.contiguous(), old_cell.contiguous(),
-            named, needs,
-        )
+        needs = torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+        out = _trace.forward("cell", tensors, (), backend, needs)
         return out[0], out[1]
     device_type = "cpu" if input.is_cpu else input.device.type  # .device builds an object: skip it for CPU
     needs = _autograd.needs_autograd(input, weights, bias, old_h, old_cell)
@@ -49,39 +36,7 @@ def lltm(input, weights, bias, old_h, old_cell, *, backend: str | Backend | None
     if chosen.declines_calls:  # then the choice depends on the call: only then is it described
         chosen = _registry.choose(device_type, input.dtype, backend,
                                   ("cell", input.shape[0], input.shape[1], old_h.shape[1], None, needs))
-    return _autograd.apply_eager(
-        chosen, needs,
-        input.contiguous(), weights.contiguous(), bias.contiguous(), old_h.contiguous(), old_cell.contiguous(),
-    )
-
-
-def _traced_call(op, device_type, dtype, backend, batch, input_features, state_size, steps, needs_backward):
-    """The call tuple for select(), under torch.compile; None when the choice cannot depend on it.
-
-    Only a choice that depends on the call specializes the graph on the shape:
-    where no candidate declines calls, dynamic shapes stay dynamic.
-    """
-    if not _depends_on_call(device_type, dtype, backend, _registry.compile_hint, _registry.compile_generation):
-        return None
-    # Dynamo turns a symbolic size into a constant (guarding on its value, so another size
-    # retraces) when it is formatted; int() alone leaves it symbolic, which
-    # assume_constant_result cannot take.  The guard is the point: the choice depends on the size.
-    sizes = [int(f"{d}") for d in (batch, input_features, state_size) + ((steps,) if steps is not None else ())]
-    return (op, *sizes[:3], sizes[3] if steps is not None else None, bool(needs_backward))
-
-
-@torch.compiler.assume_constant_result
-def _depends_on_call(device_type: str, dtype: torch.dtype, backend, compile_hint, compile_generation) -> bool:
-    return _registry.depends_on_call(device_type, dtype, backend)
-
-
-@torch.compiler.assume_constant_result
-def _traced_choice(device_type: str, dtype: torch.dtype, backend, call, compile_hint, compile_generation) -> str:
-    # compile_hint and compile_generation are unused here: they are arguments so
-    # that the caller reads them, and Dynamo guards on them.
-    chosen = _registry.choose(device_type, dtype, backend, call)
-    _autograd.ops_for(chosen)  # registers torch.ops.lltm.<name>_forward on first use
-    return chosen.name
+    return _autograd.apply_eager(chosen, needs, *tensors)
 
 
 class LLTM(torch.nn.Module):

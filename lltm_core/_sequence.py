@@ -21,8 +21,8 @@ import logging
 
 import torch
 
-from . import _autograd, _registry
-from ._cell import _traced_call, lltm
+from . import _autograd, _fake, _registry, _trace
+from ._cell import lltm
 from ._checks import check_sequence_args
 from .backend import Backend
 
@@ -60,14 +60,9 @@ def lltm_sequence(input, weights, bias, h0, c0, *, lengths=None, reverse=False, 
     S = h0.shape[1]
     if compiling:
         needs = torch.is_grad_enabled() and any(t.requires_grad for t in args)
-        call = _traced_call("sequence", input.device.type, input.dtype, backend, B, I, S, T, needs)
-        route = _traced_route(input.device.type, input.dtype, backend, call, _registry.compile_hint,
-                              _registry.compile_generation)
-        kind, name = route.split(":", 1)
-        if kind == "loop":  # each step's operator checks the choice again, as lltm() does
+        out = _trace.forward("sequence", args, (lengths, reverse), backend, needs, steps=T)
+        if out is None:  # no sequence kernels: each step is traced as lltm() is
             return _loop_steps(backend, *args, lengths, reverse)
-        named = backend if isinstance(backend, str) else backend.name if isinstance(backend, Backend) else None
-        out = getattr(torch.ops.lltm, f"{name}_sequence_forward")(*args, lengths, reverse, named, needs)
         return out[0], out[1], out[2]
     needs = _autograd.needs_autograd(*args)
     device_type = "cpu" if input.is_cpu else input.device.type  # .device builds an object: skip it for CPU
@@ -86,16 +81,6 @@ def run_forward(backend: Backend, input, weights, bias, h0, c0, lengths, reverse
     if backend.takes_needs_backward:
         return backend.sequence_forward(input, weights, bias, h0, c0, lengths, reverse, needs_backward)
     return backend.sequence_forward(input, weights, bias, h0, c0, lengths, reverse)
-
-
-@torch.compiler.assume_constant_result
-def _traced_route(device_type: str, dtype: torch.dtype, backend, call, compile_hint, compile_generation) -> str:
-    """"fused:<name>" or "loop:<name>", fixed in the graph; the hint arguments make Dynamo guard on them."""
-    chosen = _registry.choose(device_type, dtype, backend, call)
-    if not chosen.has_sequence_kernels:
-        return f"loop:{chosen.name}"
-    sequence_ops_for(chosen)  # registers torch.ops.lltm.<name>_sequence_forward on first use
-    return f"fused:{chosen.name}"
 
 
 def _loop_steps(backend, input, weights, bias, h0, c0, lengths, reverse):
@@ -193,23 +178,25 @@ def _register(name: str, kernels):
 
     @forward_op.register_fake
     def _(input, weights, bias, h0, c0, lengths, reverse, named=None, needs_backward=True):
-        T, B, I = input.shape
-        S = h0.shape[1]
-        saved = kernels()[2](T, B, I, S).values()
-        if not needs_backward and kernels()[3]:  # a version-3 backend saves nothing for inference
-            saved = [(0,)] * len(saved)
-        shapes = [(T, B, S), (B, S), (B, S), *saved]
-        return [input.new_empty(shape) for shape in shapes]
+        # a version-2 backend saves what it always saves; lltm drops it
+        return _fake.sequence_forward(kernels()[2], input, h0, needs_backward or not kernels()[3])
 
     @backward_op.register_fake
     def _(grad_output, grad_h_n, grad_c_n, weights, input, h0, output, lengths, saved, reverse, needs_grad_input):
-        return [
-            input.new_empty(input.shape if needs_grad_input else (0,)),
-            torch.empty_like(weights),
-            weights.new_empty((weights.shape[0],)),
-            torch.empty_like(h0),
-            torch.empty_like(h0),
-        ]
+        return _fake.sequence_backward(input, weights, h0, needs_grad_input)
+
+    setup_context, backward = sequence_formula(backward_op)
+    forward_op.register_autograd(lambda ctx, grads: backward(ctx, grads), setup_context=setup_context)
+    return forward_op, backward_op
+
+
+def sequence_formula(run_backward):
+    """(setup_context, backward) for torch.library.register_autograd on a sequence forward operator.
+
+    Shared by lltm's wrapper operators and a backend's own (see _trace):
+    ``run_backward(grad_output, grad_h_n, grad_c_n, weights, input, h0, output,
+    lengths, saved, reverse, needs_grad_input)`` is the backend's backward kernel.
+    """
 
     def setup_context(ctx, inputs, output):
         input, weights, _, h0, _, lengths, reverse = inputs[:7]
@@ -217,13 +204,13 @@ def _register(name: str, kernels):
         ctx.save_for_backward(input, weights, h0, output[0], *output[3:])
 
     def backward(ctx, grads):
-        n_args = len(ctx.needs_input_grad)  # named=None is dropped by the dispatcher: see _autograd
+        n_args = len(ctx.needs_input_grad)  # trailing defaults are dropped by the dispatcher: see _autograd
         input, weights, h0, output, *saved = ctx.saved_tensors
         grad_output, grad_h_n, grad_c_n = grads[0], grads[1], grads[2]
         if grad_output is None and grad_h_n is None and grad_c_n is None:
             return (None,) * n_args
         needs_input = ctx.needs_input_grad[0]
-        grad_input, grad_weights, grad_bias, grad_h0, grad_c0 = backward_op(
+        grad_input, grad_weights, grad_bias, grad_h0, grad_c0 = run_backward(
             _autograd._grad_or_zeros(grad_output, output), _autograd._grad_or_zeros(grad_h_n, h0),
             _autograd._grad_or_zeros(grad_c_n, h0), weights, input, h0, output, ctx.lengths, saved, ctx.reverse,
             needs_input,
@@ -231,5 +218,4 @@ def _register(name: str, kernels):
         return ((grad_input if needs_input else None), grad_weights, grad_bias, grad_h0, grad_c0, None, None,
                 None, None)[:n_args]
 
-    forward_op.register_autograd(backward, setup_context=setup_context)
-    return forward_op, backward_op
+    return setup_context, backward

@@ -120,6 +120,25 @@ the backend returns an empty tensor (``input.new_empty(0)``) in each saved
 slot, keeps no tanh(c_t), and projects the input a chunk of steps at a time,
 so that inference costs the output plus a bounded workspace.  A version-2
 backend is called as before and lltm-core drops what it saved.
+
+Traced graphs and deployment (torch.compile, torch.export, AOTInductor)
+-----------------------------------------------------------------------
+One rule decides what a traced graph holds for a backend's kernel:
+
+* A kernel that is a ``torch.library`` operator (an ``OpOverload`` such as
+  ``torch.ops.mylib.sequence_forward.default``) is put in the graph as
+  itself.  The backend registers a fake kernel for each of its operators
+  (``lltm_core.extension.register_fake_kernels`` does it for the standard
+  schemas); lltm-core registers the autograd formula, which calls the
+  backend's backward operator.  ``torch.export`` of such a model, compiled
+  by AOTInductor, runs from C++ once the operator library is loaded: set
+  ``operator_library`` to its path, and keep the library free of libpython.
+* Any other kernel (a Python function) is wrapped in lltm-core's Python
+  custom operator ``lltm::<name>_*``.  That graph compiles and runs, but only
+  in a Python process.  If the kernels are compositions of ATen operators and
+  nothing else, set ``composite=True``: ``torch.export`` then traces through
+  them, and the exported graph holds ATen operators only (lltm-ref does).
+  Otherwise ``torch.export`` warns that the model cannot leave Python.
 """
 
 from __future__ import annotations
@@ -234,6 +253,12 @@ class Backend:
     #: ``should_run(call: Call) -> True | False | reason``: whether they are a good choice for it
     #: (version 3; None: always).  Skipped when the user names this backend.
     should_run: Callable[[Call], Verdict] | None = None
+    #: The shared library whose loading registers the kernels' ``torch.library`` operators, for a
+    #: program without Python (AOTInductor's C++ runner) to load; None for kernels written in Python.
+    operator_library: str | None = None
+    #: The kernels are compositions of ATen operators alone: ``torch.export`` traces through them
+    #: (see "Traced graphs and deployment" above).
+    composite: bool = False
 
     def __post_init__(self):
         # A backend is someone else's code: a malformed field fails here, when
@@ -285,6 +310,10 @@ class Backend:
             raise TypeError(f"Backend {self.name!r}: {' and '.join(declines)} came with interface version "
                             f"{CALL_INTERFACE_VERSION}, but interface_versions is {self.interface_versions}: "
                             f"add {CALL_INTERFACE_VERSION}")
+        if self.operator_library is not None and not isinstance(self.operator_library, str):
+            raise bad("operator_library", "a path (str) or None")
+        if not isinstance(self.composite, bool):
+            raise bad("composite", "a bool")
         # Which sequence_forward signature to call: the newest version both sides speak.
         spoken = [v for v in self.interface_versions if v in SUPPORTED_INTERFACE_VERSIONS]
         object.__setattr__(self, "_takes_needs_backward", bool(spoken) and max(spoken) >= CALL_INTERFACE_VERSION)

@@ -39,3 +39,32 @@ def torch_mismatch(built_for: str, distribution: str) -> str | None:
         f"(from an lltm source tree: pip install --no-build-isolation --no-deps --force-reinstall "
         f"./backends/{distribution.replace('-', '_')}), or run the torch it was built for"
     )
+
+
+def register_fake_kernels(namespace: str, saved_layout, sequence_saved_layout=None) -> None:
+    """Register fake kernels for a compiled backend's operators of the contract's schemas.
+
+    ``namespace::forward`` and ``namespace::backward`` (the step) and, given
+    ``sequence_saved_layout``, ``namespace::sequence_forward`` and
+    ``namespace::sequence_backward``, with the signatures lltm_cpu's schema
+    declares (backends/lltm_cpu/csrc/lltm.cpp).  With them the operators run
+    under FakeTensorMode, torch.compile and torch.export (symbolic sizes
+    included).  Call it once, after loading the library that defines them.
+    """
+    from . import _fake
+
+    torch.library.register_fake(f"{namespace}::forward")(
+        lambda input, weights, bias, old_h, old_cell: _fake.cell_forward(saved_layout, input, old_h))
+    # backward(grad_new_h, grad_new_cell, weights, *saved, needs_grad_X)
+    torch.library.register_fake(f"{namespace}::backward")(
+        lambda grad_new_h, grad_new_cell, weights, *rest: _fake.cell_backward(grad_new_h, weights, rest[-1]))
+    if sequence_saved_layout is None:
+        return
+    torch.library.register_fake(f"{namespace}::sequence_forward")(
+        lambda input, weights, bias, h0, c0, lengths, reverse, needs_backward=True:
+        _fake.sequence_forward(sequence_saved_layout, input, h0, needs_backward))
+    # sequence_backward(grad_output, grad_h_n, grad_c_n, weights, input, h0, output, lengths, *saved,
+    #                   reverse, needs_grad_input)
+    torch.library.register_fake(f"{namespace}::sequence_backward")(
+        lambda grad_output, grad_h_n, grad_c_n, weights, input, h0, output, lengths, *rest:
+        _fake.sequence_backward(input, weights, h0, rest[-1]))

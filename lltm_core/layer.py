@@ -132,6 +132,12 @@ class LLTMLayer(torch.nn.Module):
             return (output.transpose(0, 1) if self.batch_first else output), (h.unsqueeze(0), c.unsqueeze(0))
         lengths = None
         if isinstance(input, PackedSequence):
+            if torch.compiler.is_exporting():
+                # Unpacking reads the lengths' values on the host, which an exported graph cannot hold.
+                raise TypeError(
+                    "LLTMLayer: torch.export cannot take a PackedSequence (unpacking it needs its lengths' "
+                    "values while tracing). Export the model on padded tensors (batch, time, features), "
+                    "or keep packed sequences in Python")
             # Padded, in the callers' batch order, which h_0 and h_n follow too (as in nn.LSTM).
             sequence, lengths = pad_packed_sequence(input)
             batched = True

@@ -1,19 +1,10 @@
-// The lltm_cpu operator library: its schema, and the module init that lets
-// Python load it as lltm_cpu._C.  The CPU kernels of the step are in
+// The lltm_cpu operator library: its schema.  The CPU kernels of the step are in
 // cpu/lltm_kernels.cpp, those of the sequence in cpu/lltm_sequence.cpp.
-#include <Python.h>  // first, as Python's C API requires
-
 #include <torch/library.h>
 
-// Importing lltm_cpu._C loads this library, which runs the TORCH_LIBRARY
-// registrations; the module itself is empty.  It is built against Python's
-// limited API, so one abi3 wheel serves every CPython from the oldest one
-// torch supports onwards (3.10 for torch 2.13; setup.py asks torch).  pybind11
-// would tie it to one Python version, and there is nothing to bind.
-PyMODINIT_FUNC PyInit__C(void) {
-  static PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_C", nullptr, -1, nullptr};
-  return PyModule_Create(&module_def);
-}
+// The library has no CPython module init and needs nothing from libpython:
+// Python loads it with torch.ops.load_library (lltm_cpu._load_library), and a
+// C++ program (an AOTInductor runner) with dlopen(RTLD_NOW).
 
 // The signatures lltm_core's backend contract asks for (lltm_core/backend.py).
 // forward returns the two results, then what backward needs, in the order of

@@ -107,10 +107,23 @@ def _load_library() -> str | None:
     mismatch = torch_mismatch(TORCH_VERSION, _DISTRIBUTION)
     if mismatch is not None:
         return mismatch
+    library = _library_file()
+    if library is None:
+        return f"the compiled kernels (lltm_cpu/_C*.so) are missing from {Path(__file__).parent}: reinstall lltm-cpu"
     try:
-        from . import _C  # noqa: F401  (loading it registers the operators)
-    except ImportError as exc:
-        return f"cannot load the compiled kernels (lltm_cpu._C): {exc}"
+        torch.ops.load_library(str(library))  # loading it registers the operators
+    except OSError as exc:
+        return f"cannot load the compiled kernels ({library}): {exc}"
+    return None
+
+
+def _library_file() -> Path | None:
+    import importlib.machinery
+
+    here = Path(__file__).resolve().parent
+    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+        if (here / f"_C{suffix}").is_file():
+            return here / f"_C{suffix}"
     return None
 
 
@@ -153,6 +166,23 @@ def _build_jit() -> str | None:
     return None
 
 
+@functools.cache
+def _register_fakes() -> None:
+    # The operators' shapes for FakeTensorMode, torch.compile and torch.export (see lltm_core.extension).
+    from lltm_core.extension import register_fake_kernels
+
+    register_fake_kernels("lltm_cpu", saved_layout, sequence_saved_layout)
+
+
+def library_path() -> str:
+    """The shared library that registers the lltm_cpu operators: what a C++ program loads
+    (for example before running an AOTInductor package of an LLTM model)."""
+    unavailable = _load_library()
+    if unavailable is not None:
+        raise RuntimeError(f"lltm_cpu: {unavailable}")
+    return str(_library_file())
+
+
 def load_backend():
     from lltm_core.backend import Backend
 
@@ -165,6 +195,7 @@ def load_backend():
         ops = torch.ops.lltm_cpu
         forward, backward = ops.forward.default, ops.backward.default
         sequence_forward, sequence_backward = ops.sequence_forward.default, ops.sequence_backward.default
+        _register_fakes()
     else:
         forward = backward = sequence_forward = sequence_backward = unavailable_kernel("cpu", unavailable)
     return Backend(
@@ -182,4 +213,5 @@ def load_backend():
         sequence_forward=sequence_forward,
         sequence_backward=sequence_backward,
         sequence_saved_layout=sequence_saved_layout,
+        operator_library=library_path() if unavailable is None else None,
     )

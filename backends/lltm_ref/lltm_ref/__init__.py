@@ -212,4 +212,5 @@ def load_backend():
         sequence_forward=sequence_forward,
         sequence_backward=sequence_backward,
         sequence_saved_layout=sequence_saved_layout,
+        composite=True,  # ATen operators only: torch.export traces through them
     )
