@@ -50,7 +50,7 @@ from pathlib import Path
 import torch
 
 import lltm_core
-from lltm_core import _registry, _sequence
+from lltm_core import _discovery, _registry, _sequence
 from lltm_core._sequence import run_forward
 from lltm_core.testing import SeedLLTM
 
@@ -386,9 +386,9 @@ def selection_line() -> str:
     ref = lltm_core.get_backend("ref")
     declining = dataclasses.replace(ref, name="declining", priority=1000, interface_versions=(1, 2, 3),
                                     should_run=lambda c: c.state_size <= 64 or f"state_size {c.state_size} > 64")
-    record = _registry.BackendRecord("declining", "(this benchmark)", "0", "-", backend=declining, status="available")
-    _registry._records_by_name()["declining"] = [record]
-    _registry._choice_cache.clear()
+    record = _discovery.BackendRecord("declining", "(this benchmark)", "0", "-", backend=declining, status="available")
+    _discovery.records_by_name()["declining"] = [record]
+    _registry.forget_choices()
     try:
         assert _registry.select("cpu", torch.float32, call=call).name != "declining"
         per_call_choice = min(per_call() for _ in range(5))

@@ -29,12 +29,12 @@ from dataclasses import asdict, dataclass, field, replace
 
 import torch
 
-from . import _registry
+from . import _discovery, _registry
 from ._cell import LLTM
 from .layer import LLTMLayer
 from ._device import cuda_unavailable_reason
 from ._format import table
-from ._registry import BackendError
+from ._discovery import BackendError
 from .testing import SeedLLTM, compare_with_reference, max_rel_error, reference_layer, tolerance
 
 PRESETS = {
@@ -298,7 +298,7 @@ def _disagreement(errors: dict, dtype: torch.dtype) -> str | None:
 
 def _skip_reason(name: str, device: str, dtype: torch.dtype) -> str:
     """Why backend ``name``, not asked for, is left out of a group: the row says it, so none vanishes."""
-    rec = _registry._resolve(name)
+    rec = _discovery.resolve(name)
     if not rec.available:
         return f"{rec.status}: {rec.reason}"
     return rec.backend.supports(torch.device(device).type, dtype) or "cannot take these tensors"
@@ -381,7 +381,7 @@ def benchmark(sizes, devices, dtypes, backends, *, seconds=None, iterations=None
     the group's tensors is skipped, with its reason).  ``on_group(label)`` is
     called as each (table, device, dtype, size) group starts.
     """
-    names = backends or sorted({r["name"] for r in _registry.report()})  # report() loads each backend once
+    names = backends or sorted({r["name"] for r in _discovery.backend_report()})  # loads each backend once
     for table_name in tables:
         group = _cell_group if table_name == "cell" else _sequence_group
         for device in devices:
