@@ -32,7 +32,7 @@ import torch
 from torch.utils import cpp_extension
 
 import lltm_core
-from lltm_core.benchmarking import interleaved
+from lltm_core.benchmarking import PhaseTimes, interleaved
 from lltm_core.testing import SeedLLTM
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -106,7 +106,9 @@ def measure(steps: dict, rounds: int, steps_per_round: int, warmup: int) -> tupl
     """{name: (median forward us, median backward us, median step us)}, timed interleaved, and the
     CPU-seconds other processes used meanwhile (0 where unknown)."""
     busy_before, own_before = busy_cpu_seconds(), own_cpu_seconds()
-    timings = interleaved(steps, rounds=rounds, calls=steps_per_round, warmup=warmup)  # each step times itself, in ns
+    # Each step times its forward and backward itself, in ns.
+    timed = {name: (lambda step=step: PhaseTimes(step())) for name, step in steps.items()}
+    timings = interleaved(timed, rounds=rounds, calls=steps_per_round, warmup=warmup)
     others = 0.0
     if busy_before is not None:
         others = max((busy_cpu_seconds() - busy_before) - (own_cpu_seconds() - own_before), 0.0)

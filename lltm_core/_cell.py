@@ -7,7 +7,7 @@ import math
 import torch
 
 from . import _autograd, _registry
-from ._checks import check_lltm_args, layer_sizes
+from ._checks import TorchSizeNames, check_lltm_args, layer_sizes
 from .backend import Backend
 
 _compiling = torch.compiler.is_compiling
@@ -84,7 +84,7 @@ def _traced_choice(device_type: str, dtype: torch.dtype, backend, call, compile_
     return chosen.name
 
 
-class LLTM(torch.nn.Module):
+class LLTM(TorchSizeNames, torch.nn.Module):
     """The LLTM cell as a module, with ``torch.nn.LSTMCell``'s interface; its ``state_dict`` matches the tutorial's.
 
     ``LLTM(input_size, hidden_size, bias=True, *, backend=None, device=None,
@@ -115,15 +115,6 @@ class LLTM(torch.nn.Module):
             # What the kernels get instead: moves with .to(), not in the state_dict (as nn.LSTMCell(bias=False)).
             self.register_buffer("_zero_bias", torch.zeros(3 * state_size, **factory), persistent=False)
         self.reset_parameters()
-
-    # nn.LSTMCell's names for the sizes, so that code reading them ports unchanged.
-    @property
-    def input_size(self) -> int:
-        return self.input_features
-
-    @property
-    def hidden_size(self) -> int:
-        return self.state_size
 
     def reset_parameters(self) -> None:
         bound = 1.0 / math.sqrt(self.state_size)

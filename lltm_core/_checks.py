@@ -107,6 +107,21 @@ def layer_sizes(caller: str, input_features, state_size, input_size, hidden_size
     return sizes[0], sizes[1]
 
 
+class TorchSizeNames:
+    """nn.LSTMCell's and nn.LSTM's names for the sizes, so that code reading them ports unchanged."""
+
+    input_features: int
+    state_size: int
+
+    @property
+    def input_size(self) -> int:
+        return self.input_features
+
+    @property
+    def hidden_size(self) -> int:
+        return self.state_size
+
+
 SEQUENCE_NAMES = ("input", "weights", "bias", "h0", "c0")
 
 

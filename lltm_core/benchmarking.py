@@ -16,13 +16,17 @@ from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
 
+class PhaseTimes(tuple):
+    """What a candidate that times itself returns: its phases' times, in order (see :func:`phased`)."""
+
+
 @dataclass
 class Timings:
     """What :func:`interleaved` measured.
 
     ``samples[name]``: one tuple per sample, in order.  A candidate that times
-    itself (returns a tuple, see :func:`phased`) gives one sample per call:
-    its phases' seconds.  Any other gives one sample per round: ``(seconds per
+    itself (returns :class:`PhaseTimes`, as :func:`phased`'s do) gives one
+    sample per call: its phases' times.  Any other gives one sample per round: ``(seconds per
     call,)`` over the round's calls.  ``rounds[i][name]`` is round i's mean of
     ``samples`` for each candidate, phase by phase.
     """
@@ -40,7 +44,7 @@ class Timings:
         return [r[candidate][phase] / r[baseline][phase] for r in self.rounds if candidate in r and baseline in r]
 
 
-def phased(*phases: Callable, sync: Callable[[], None] = lambda: None) -> Callable[[], tuple[float, ...]]:
+def phased(*phases: Callable, sync: Callable[[], None] = lambda: None) -> Callable[[], PhaseTimes]:
     """A candidate that times its own phases: each phase gets the previous one's result; ``sync`` after each."""
 
     def call() -> tuple[float, ...]:
@@ -51,7 +55,7 @@ def phased(*phases: Callable, sync: Callable[[], None] = lambda: None) -> Callab
             value = phase() if i == 0 else phase(value)
             sync()
             spent.append(time.perf_counter() - start)
-        return tuple(spent)
+        return PhaseTimes(spent)
 
     return call
 
@@ -71,7 +75,8 @@ def _first_line(exc: BaseException) -> str:
 def interleaved(candidates: Mapping[str, Callable], *, calls: int = 10, rounds: int | None = None,
                 total_calls: int | None = None, seconds: float | None = None, warmup: int = 3,
                 keep_going: bool = False) -> Timings:
-    """Time ``candidates`` (name -> zero-argument callable) in interleaved rounds of ``calls`` calls each.
+    """Time ``candidates`` (name -> zero-argument callable; a :class:`PhaseTimes` it returns is its own timing)
+    in interleaved rounds of ``calls`` calls each.
 
     Stops after ``rounds`` rounds, or once each candidate has made ``total_calls``
     calls (the last round shortened to make it exact), or has spent ``seconds``.
@@ -100,7 +105,7 @@ def interleaved(candidates: Mapping[str, Callable], *, calls: int = 10, rounds: 
             timings.failures[name] = f"raised {_first_line(exc)}"
             del live[name], timings.samples[name]
             return None
-        if results and isinstance(results[0], tuple):
+        if results and isinstance(results[0], PhaseTimes):
             return results, elapsed
         return ([(elapsed / n,)] if n else []), elapsed
 

@@ -8,11 +8,11 @@ import torch
 import torch.nn.functional as F
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
 
-from ._checks import layer_sizes
+from ._checks import TorchSizeNames, layer_sizes
 from ._sequence import lltm_sequence
 
 
-class LLTMLayer(torch.nn.Module):
+class LLTMLayer(TorchSizeNames, torch.nn.Module):
     """A stack of LLTM layers run over sequences, as ``torch.nn.LSTM`` runs LSTMs.
 
     ``LLTMLayer(input_size, hidden_size, num_layers=1, bias=True,
@@ -78,15 +78,6 @@ class LLTMLayer(torch.nn.Module):
                 if bias:
                     self.register_parameter(bias_name, torch.nn.Parameter(torch.empty(3 * state_size, **factory)))
         self.reset_parameters()
-
-    # nn.LSTM's names for the sizes, so that code reading them ports unchanged.
-    @property
-    def input_size(self) -> int:
-        return self.input_features
-
-    @property
-    def hidden_size(self) -> int:
-        return self.state_size
 
     def _suffixes(self) -> tuple[str, ...]:
         return ("", "_reverse") if self.bidirectional else ("",)
