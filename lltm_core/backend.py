@@ -118,7 +118,7 @@ is described by a :class:`Call`; a backend may set either or both of:
 Each returns ``True``, or ``False`` or a string (the reason, which ``lltm
 info --explain`` shows: "state_size 1024 > 256: W_h does not fit on chip").
 They must be cheap, deterministic functions of the Call: lltm-core memoizes
-the answers.  The selection rule is ``lltm_core._registry.select``'s: a named
+the answers.  The selection rule is ``lltm_core._registry.rank`` and ``verdict``: a named
 backend is asked ``can_run`` only; otherwise the first by priority for which
 both answers are True runs the call.  An answer that raises is a decline,
 reported in the trace, never an error of the call.
