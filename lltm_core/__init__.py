@@ -11,17 +11,10 @@ no module of lltm-core imports from it.
 from __future__ import annotations
 
 from ._cell import LLTM, lltm
-from ._registry import (
-    BackendError,
-    BackendUnavailableWarning,
-    TraceEntry,
-    available_backends,
-    backend_report,
-    explain,
-    get_backend,
-    refresh,
-    use_backend,
-)
+from ._discovery import BackendError, available_backends, backend_report
+from ._explain import explain
+from ._notices import BackendUnavailableWarning
+from ._registry import TraceEntry, get_backend, refresh, use_backend
 from ._sequence import lltm_sequence
 from .backend import INTERFACE_VERSION, Backend, Call
 from .layer import LLTMLayer

@@ -7,7 +7,7 @@ import math
 import torch
 
 from . import _autograd, _registry, _trace
-from ._checks import check_lltm_args
+from ._checks import TorchSizeNames, check_lltm_args, layer_sizes
 from .backend import Backend
 
 _compiling = torch.compiler.is_compiling
@@ -39,56 +39,84 @@ def lltm(input, weights, bias, old_h, old_cell, *, backend: str | Backend | None
     return _autograd.apply_eager(chosen, needs, *tensors)
 
 
-class LLTM(torch.nn.Module):
-    """The LLTM cell as a module; its ``state_dict`` matches the tutorial's ``LLTM``.
+class LLTM(TorchSizeNames, torch.nn.Module):
+    """The LLTM cell as a module, with ``torch.nn.LSTMCell``'s interface; its ``state_dict`` matches the tutorial's.
 
-    Parameters ``weights`` (3S, I+S) and ``bias`` (3S,) start uniform in
-    [-1/sqrt(S), 1/sqrt(S)].  ``forward(input, (h, c)) -> (new_h, new_cell)``;
-    without a state, h and c start at zero, as in ``torch.nn.LSTMCell``.  For a
+    ``LLTM(input_size, hidden_size, bias=True, *, backend=None, device=None,
+    dtype=None)``; the tutorial's names ``input_features`` and ``state_size``
+    are accepted too.  Porting from nn.LSTMCell means changing the class name.
+    Parameters ``weights`` (3S, S+I) and ``bias`` (3S,) start uniform in
+    [-1/sqrt(S), 1/sqrt(S)]; with ``bias=False`` there is no ``bias``
+    parameter (the kernels get zeros).  ``forward(input, hx=None) -> (h', c')``:
+    input (B, I), or (I,) unbatched (then h' and c' are (S,)); ``hx`` is
+    ``(h, c)``, each (B, S) or (S,), zeros if None, as in nn.LSTMCell.  For a
     whole sequence, :class:`LLTMLayer` runs the time loop inside the backend.
     """
 
-    def __init__(self, input_features: int, state_size: int, *, backend: str | None = None, device=None, dtype=None):
+    def __init__(self, input_features: int | None = None, state_size: int | None = None, bias: bool = True, *,
+                 input_size: int | None = None, hidden_size: int | None = None, backend: str | None = None,
+                 device=None, dtype=None):
         super().__init__()
-        if input_features < 1 or state_size < 1:
-            raise ValueError(
-                f"LLTM(): input_features and state_size must be >= 1, got {input_features} and {state_size}"
-            )
+        input_features, state_size = layer_sizes("LLTM", input_features, state_size, input_size, hidden_size)
         self.input_features = input_features
         self.state_size = state_size
         self.backend = backend
         factory = {"device": device, "dtype": dtype}
         self.weights = torch.nn.Parameter(torch.empty(3 * state_size, input_features + state_size, **factory))
-        self.bias = torch.nn.Parameter(torch.empty(3 * state_size, **factory))
+        if bias:
+            self.bias = torch.nn.Parameter(torch.empty(3 * state_size, **factory))
+        else:
+            self.register_parameter("bias", None)
+            # What the kernels get instead: moves with .to(), not in the state_dict (as nn.LSTMCell(bias=False)).
+            self.register_buffer("_zero_bias", torch.zeros(3 * state_size, **factory), persistent=False)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
         bound = 1.0 / math.sqrt(self.state_size)
-        for p in (self.weights, self.bias):
+        for p in self.parameters():
             torch.nn.init.uniform_(p, -bound, bound)
 
-    def forward(self, input, state=None):
-        if state is None:
-            if not (isinstance(input, torch.Tensor) and input.dim() == 2):
-                raise ValueError(f"LLTM({self.extra_repr()}) takes input of shape (batch, {self.input_features}), "
-                                 f"got {tuple(input.shape) if isinstance(input, torch.Tensor) else type(input).__name__}")
+    def forward(self, input, hx=None, *, state=None):
+        if state is not None:  # the name forward's state had before it took nn.LSTMCell's
+            if hx is not None:
+                raise TypeError("LLTM.forward(): give the state once, as hx (state= is its older name)")
+            hx = state
+        bias = self.bias if self.bias is not None else self._zero_bias
+        unbatched = isinstance(input, torch.Tensor) and input.dim() == 1
+        if unbatched:
+            input = input.unsqueeze(0)
+        if not (isinstance(input, torch.Tensor) and input.dim() == 2 and input.shape[1] == self.input_features):
+            raise ValueError(f"LLTM({self.extra_repr()}) takes input of shape (batch, {self.input_features}) or "
+                             f"({self.input_features},) unbatched, "
+                             f"got {tuple(input.shape) if isinstance(input, torch.Tensor) else type(input).__name__}")
+        if hx is None:
             zeros = input.new_zeros(input.shape[0], self.state_size)
-            state = (zeros, zeros)
+            old_h = old_cell = zeros
+        else:
+            old_h, old_cell = self._check_state(hx, input.shape[0], unbatched)
+        new_h, new_cell = lltm(input, self.weights, bias, old_h, old_cell, backend=self.backend)
+        if unbatched:
+            return new_h.squeeze(0), new_cell.squeeze(0)
+        return new_h, new_cell
+
+    def _check_state(self, hx, batch: int, unbatched: bool):
+        """(h, c) as lltm() takes them; a wrong shape is blamed on the state, never on the module's weights."""
         # A bare tensor would unpack along its rows into a confusing shape error, or none at all.
-        if not isinstance(state, (tuple, list)) or len(state) != 2:
-            raise TypeError(f"LLTM.forward(input, state): state must be a pair (h, c), got {type(state).__name__}")
-        old_h, old_cell = state
-        try:
-            return lltm(input, self.weights, self.bias, old_h, old_cell, backend=self.backend)
-        except ValueError:
-            # lltm() blames the weights for a width mismatch; here the weights are the module's own.
-            if isinstance(input, torch.Tensor) and input.dim() == 2 and input.shape[1] != self.input_features:
-                raise ValueError(
-                    f"LLTM({self.extra_repr()}) takes input of shape (batch, {self.input_features}), "
-                    f"got {tuple(input.shape)}"
-                ) from None
-            raise
+        if not isinstance(hx, (tuple, list)) or len(hx) != 2:
+            raise TypeError(f"LLTM.forward(input, hx): hx must be a pair (h, c), got {type(hx).__name__}")
+        want = (self.state_size,) if unbatched else (batch, self.state_size)
+        for name, t in zip(("h", "c"), hx):
+            if not isinstance(t, torch.Tensor):
+                raise TypeError(f"LLTM.forward(input, hx): hx's {name} must be a torch.Tensor, got {type(t).__name__}")
+            if t.shape != want:
+                raise ValueError(f"LLTM({self.extra_repr()}): hx's {name} has shape {tuple(t.shape)}, expected {want} "
+                                 f"({'' if unbatched else 'batch, '}state_size) for input of "
+                                 f"{'one sample' if unbatched else f'batch {batch}'}")
+        h, c = hx
+        return (h.unsqueeze(0), c.unsqueeze(0)) if unbatched else (h, c)
 
     def extra_repr(self) -> str:
-        chosen = f", backend={self.backend!r}" if self.backend is not None else ""
-        return f"input_features={self.input_features}, state_size={self.state_size}{chosen}"
+        text = f"input_features={self.input_features}, state_size={self.state_size}"
+        if self.bias is None:
+            text += ", bias=False"
+        return text + (f", backend={self.backend!r}" if self.backend is not None else "")

@@ -91,6 +91,37 @@ def _check_dtypes_and_devices(caller: str, named_tensors) -> None:
             raise ValueError(f"{caller}: {name} is on {t.device}, expected {device} (the device of {first_name})")
 
 
+def layer_sizes(caller: str, input_features, state_size, input_size, hidden_size) -> tuple[int, int]:
+    """(I, S) from the tutorial's names (input_features, state_size) or nn.LSTM's (input_size, hidden_size)."""
+    sizes = []
+    for tutorial, torch_name, a, b in (("input_features", "input_size", input_features, input_size),
+                                       ("state_size", "hidden_size", state_size, hidden_size)):
+        if a is not None and b is not None:
+            raise TypeError(f"{caller}(): give {tutorial} or {torch_name}, not both (they are the same size)")
+        value = a if a is not None else b
+        if value is None:
+            raise TypeError(f"{caller}(): missing the size {torch_name} (or {tutorial})")
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{caller}(): {tutorial} ({torch_name}) must be an integer >= 1, got {value!r}")
+        sizes.append(value)
+    return sizes[0], sizes[1]
+
+
+class TorchSizeNames:
+    """nn.LSTMCell's and nn.LSTM's names for the sizes, so that code reading them ports unchanged."""
+
+    input_features: int
+    state_size: int
+
+    @property
+    def input_size(self) -> int:
+        return self.input_features
+
+    @property
+    def hidden_size(self) -> int:
+        return self.state_size
+
+
 SEQUENCE_NAMES = ("input", "weights", "bias", "h0", "c0")
 
 
@@ -154,6 +185,9 @@ def check_lengths(caller: str, lengths, T: int, B: int, *, check_values: bool = 
         raise ValueError(f"{caller}: lengths must be 1-D with one length per sequence, shape ({B},), "
                          f"got shape {_shape(lengths)}")
     if check_values and B:
+        if lengths.device.type == "meta":
+            raise ValueError(f"{caller}: lengths is on the meta device, which holds no values; the lengths are "
+                             f"needed to run the sequence: pass them on the CPU or on the input's device")
         low, high = int(lengths.min()), int(lengths.max())
         if low < 1 or high > T:
             raise ValueError(f"{caller}: lengths must lie in [1, {T}] (1 to the number of time steps), "

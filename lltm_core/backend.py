@@ -55,6 +55,16 @@ returns their names and shapes, in the order ``forward`` returns them; it is
 used to build the fake (meta) kernel for ``torch.compile`` and must therefore
 only do arithmetic on its arguments (they may be symbolic integers).
 
+Non-finite values
+-----------------
+A NaN or an infinity in any argument reaches the results as in the reference
+(``lltm_core.testing.reference_lltm``): NaN where it gives NaN, the same
+infinities.  The one permitted difference: where the state multiplied by
+``W_h`` is zero everywhere (``old_h``, or ``h0`` at a sequence's first step),
+a backend may skip ``W_h @ h``, so ``0 * inf`` there gives 0 instead of NaN.
+Each element is then the reference's, or the reference's with that product
+taken as zero; the kit's ``test_non_finite`` checks exactly that.
+
 Sequence kernels (interface version 2, optional)
 ------------------------------------------------
 A backend may also run a whole sequence, one layer in one direction, with the
@@ -108,7 +118,7 @@ is described by a :class:`Call`; a backend may set either or both of:
 Each returns ``True``, or ``False`` or a string (the reason, which ``lltm
 info --explain`` shows: "state_size 1024 > 256: W_h does not fit on chip").
 They must be cheap, deterministic functions of the Call: lltm-core memoizes
-the answers.  The selection rule is ``lltm_core._registry.select``'s: a named
+the answers.  The selection rule is ``lltm_core._registry.rank`` and ``verdict``: a named
 backend is asked ``can_run`` only; otherwise the first by priority for which
 both answers are True runs the call.  An answer that raises is a decline,
 reported in the trace, never an error of the call.

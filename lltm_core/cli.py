@@ -7,13 +7,17 @@ import json
 import os
 import platform
 import sys
+import warnings
 
 import torch
 
-from . import _registry
+from . import _discovery, _registry
+from ._notices import BackendUnavailableWarning
 from ._version import __version__
 from .backend import INTERFACE_VERSION
 from ._device import cuda_unavailable_reason
+from ._discovery import BackendError
+from ._explain import explain
 from ._format import table
 
 _DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
@@ -31,9 +35,9 @@ def info_data() -> dict:
         if unusable:
             continue
         for dtype in _DTYPES:
-            chosen, why = _registry.choice_for_device(device, dtype)
+            chosen, why = _choice_for_device(device, dtype)
             selection.append({"device": device, "dtype": str(dtype)[6:], "backend": chosen, "why": why})
-    backends = _registry.report()
+    backends = _discovery.backend_report()
     return {
         "lltm_core": __version__,
         "interface_version": INTERFACE_VERSION,
@@ -48,18 +52,35 @@ def info_data() -> dict:
         ],
         "backends": backends,
         "selection": selection,
-        "environment": {v: os.environ.get(v) for v in (_registry.ENV_BACKEND, _registry.ENV_DISABLE)},
+        "environment": {v: os.environ.get(v) for v in (_discovery.ENV_BACKEND, _discovery.ENV_DISABLE)},
         "environment_notes": _environment_notes(backends),
     }
+
+
+def _choice_for_device(device_type: str, dtype: torch.dtype) -> tuple[str | None, str]:
+    """(chosen backend name or None, why) for the selection table: no particular call."""
+    try:
+        with warnings.catch_warnings():  # lltm info lists the unavailable backends with their reasons
+            warnings.simplefilter("ignore", BackendUnavailableWarning)
+            b = _registry.select(device_type, dtype)
+    except BackendError as exc:
+        return None, str(exc)
+    why = _registry.why_chosen(b)
+    entry = _registry.device_entry(device_type, dtype, None)
+    if isinstance(entry, _registry.Ranking):
+        declining = [c.name for c in entry.backends if c.declines_calls]
+        why += (f"; {', '.join(declining)} may decline a call by its shape, and the next one runs it "
+                f"(lltm info --explain sequence --shape T,B,I,S)")
+    return b.name, why
 
 
 def _environment_notes(backends: list[dict]) -> list[str]:
     """Names in LLTM_DISABLE_BACKENDS that hide nothing: a typo there is otherwise silent."""
     known = sorted({b["name"] for b in backends})
-    unknown = sorted(_registry._disabled_names() - set(known))
+    unknown = sorted(_discovery.disabled_names() - set(known))
     if not unknown:
         return []
-    return [f"{_registry.ENV_DISABLE} names {', '.join(map(repr, unknown))}, which no installed backend is called "
+    return [f"{_discovery.ENV_DISABLE} names {', '.join(map(repr, unknown))}, which no installed backend is called "
             f"(installed: {', '.join(known) or 'none'}); it hides nothing there"]
 
 
@@ -75,9 +96,9 @@ def print_info(data: dict) -> None:
     for d in data["devices"]:
         state = f"available {d['name']}".rstrip() if d["available"] else f"unavailable: {d['reason']}"
         print(f"  {d['device']:<5} {state}")
-    print(f"\nBackends (entry-point group {_registry.ENTRY_POINT_GROUP!r}):")
+    print(f"\nBackends (entry-point group {_discovery.ENTRY_POINT_GROUP!r}):")
     if not data["backends"]:
-        print(f"  none installed: {_registry._INSTALL_HINTS['ref']}")
+        print(f"  none installed: {_discovery.INSTALL_HINTS['ref']}")
     else:
         rows = [
             [b["name"], b["distribution"], b["version"], b["status"],
@@ -155,7 +176,7 @@ def _explain(args) -> int:
     steps, (batch, features, state) = (sizes[0], sizes[1:]) if want == 4 else (None, sizes)
     call = Call(args.explain, torch.device(args.device).type, getattr(torch, args.dtype), batch, features, state,
                 steps, not args.inference)
-    trace = _registry.explain(call)
+    trace = explain(call)
     if args.json:
         json.dump({"call": call.describe(), "trace": [t._asdict() for t in trace]}, sys.stdout, indent=2)
         print()

@@ -8,21 +8,24 @@ import torch
 import torch.nn.functional as F
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
 
+from ._checks import TorchSizeNames, layer_sizes
 from ._sequence import lltm_sequence
 
 
-class LLTMLayer(torch.nn.Module):
+class LLTMLayer(TorchSizeNames, torch.nn.Module):
     """A stack of LLTM layers run over sequences, as ``torch.nn.LSTM`` runs LSTMs.
 
-    ``LLTMLayer(input_features, state_size, num_layers=1, *, batch_first=False,
-    dropout=0.0, bidirectional=False, backend=None, device=None, dtype=None)``.
-    Porting from nn.LSTM means changing the class name.  With D = 2 if
-    bidirectional else 1 and L = num_layers, ``forward(input, state=None)``
-    returns ``(output, (h_n, c_n))``:
+    ``LLTMLayer(input_size, hidden_size, num_layers=1, bias=True,
+    batch_first=False, dropout=0.0, bidirectional=False, *, backend=None,
+    device=None, dtype=None)``, nn.LSTM's signature; the tutorial's names
+    ``input_features`` and ``state_size`` are accepted too.  Porting from
+    nn.LSTM means changing the class name.  With D = 2 if bidirectional else
+    1 and L = num_layers, ``forward(input, hx=None)`` returns
+    ``(output, (h_n, c_n))``:
 
     * input: (T, B, I), (B, T, I) with ``batch_first``, (T, I) unbatched, or a
       ``PackedSequence`` (then output is one too, in the same order);
-    * state: ``(h_0, c_0)``, each (L*D, B, S), or (L*D, S) unbatched; zeros if None;
+    * hx: ``(h_0, c_0)``, each (L*D, B, S), or (L*D, S) unbatched; zeros if None;
     * output: (T, B, D*S) (or batch first), the forward direction's features
       first; zero at the padded positions of a packed input;
     * h_n, c_n: (L*D, B, S), indexed ``layer * D + direction``; for a packed
@@ -38,45 +41,43 @@ class LLTMLayer(torch.nn.Module):
     chosen for the tensors (or ``backend``).
     """
 
-    def __init__(self, input_features: int, state_size: int, num_layers: int = 1, *, batch_first: bool = False,
-                 dropout: float = 0.0, bidirectional: bool = False, backend: str | None = None, device=None,
-                 dtype=None):
+    def __init__(self, input_features: int | None = None, state_size: int | None = None, num_layers: int = 1,
+                 bias: bool = True, batch_first: bool = False, dropout: float = 0.0, bidirectional: bool = False, *,
+                 input_size: int | None = None, hidden_size: int | None = None, backend: str | None = None,
+                 device=None, dtype=None):
         super().__init__()
-        for name, value in (("input_features", input_features), ("state_size", state_size), ("num_layers", num_layers)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"LLTMLayer(): {name} must be an integer >= 1, got {value!r}")
+        input_features, state_size = layer_sizes("LLTMLayer", input_features, state_size, input_size, hidden_size)
+        if isinstance(num_layers, bool) or not isinstance(num_layers, int) or num_layers < 1:
+            raise ValueError(f"LLTMLayer(): num_layers must be an integer >= 1, got {num_layers!r}")
         if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0 <= dropout <= 1:
             raise ValueError(f"LLTMLayer(): dropout must be a probability in [0, 1], got {dropout!r}")
         self.input_features = input_features
         self.state_size = state_size
         self.num_layers = num_layers
+        self.bias = bool(bias)
         self.batch_first = bool(batch_first)
         self.dropout = float(dropout)
         self.bidirectional = bool(bidirectional)
         self.backend = backend
         directions = 2 if bidirectional else 1
         factory = {"device": device, "dtype": dtype}
-        # (weights, bias) names per layer and direction, in forward's order: not rebuilt on every call
+        # (weights, bias) names per layer and direction, in forward's order: not rebuilt on every call.
+        # Without bias, every layer's bias name is the one zero buffer's: not a parameter, not in the state_dict.
         self._parameter_names = tuple(
-            tuple((f"weights_l{layer}{suffix}", f"bias_l{layer}{suffix}") for suffix in self._suffixes())
+            tuple((f"weights_l{layer}{suffix}", f"bias_l{layer}{suffix}" if bias else "_zero_bias")
+                  for suffix in self._suffixes())
             for layer in range(num_layers)
         )
+        if not bias:
+            self.register_buffer("_zero_bias", torch.zeros(3 * state_size, **factory), persistent=False)
         for layer, names in enumerate(self._parameter_names):
             features = input_features if layer == 0 else directions * state_size
             for weights_name, bias_name in names:
                 self.register_parameter(weights_name, torch.nn.Parameter(
                     torch.empty(3 * state_size, state_size + features, **factory)))
-                self.register_parameter(bias_name, torch.nn.Parameter(torch.empty(3 * state_size, **factory)))
+                if bias:
+                    self.register_parameter(bias_name, torch.nn.Parameter(torch.empty(3 * state_size, **factory)))
         self.reset_parameters()
-
-    # nn.LSTM's names for the sizes, so that code reading them ports unchanged.
-    @property
-    def input_size(self) -> int:
-        return self.input_features
-
-    @property
-    def hidden_size(self) -> int:
-        return self.state_size
 
     def _suffixes(self) -> tuple[str, ...]:
         return ("", "_reverse") if self.bidirectional else ("",)
@@ -101,24 +102,38 @@ class LLTMLayer(torch.nn.Module):
         direction start freshly initialised.  The backend is the cell's unless
         ``backend=`` is given.
         """
+        from ._cell import LLTM
+
+        if not isinstance(cell, LLTM):
+            raise TypeError(f"LLTMLayer.from_cell() takes an lltm_core.LLTM (the cell), got {type(cell).__name__}"
+                            + ("; a layer is already one: copy it with copy.deepcopy or load_state_dict"
+                               if isinstance(cell, LLTMLayer) else ""))
         kwargs.setdefault("backend", cell.backend)
+        kwargs.setdefault("bias", cell.bias is not None)
         layer = cls(cell.input_features, cell.state_size, device=cell.weights.device, dtype=cell.weights.dtype,
                     **kwargs)
         with torch.no_grad():
             layer.weights_l0.copy_(cell.weights)
-            layer.bias_l0.copy_(cell.bias)
+            if layer.bias:
+                layer.bias_l0.copy_(cell.bias if cell.bias is not None else torch.zeros_like(layer.bias_l0))
         return layer
 
     def extra_repr(self) -> str:
         text = f"{self.input_features}, {self.state_size}"
         if self.num_layers != 1:
             text += f", num_layers={self.num_layers}"
-        for name, default in (("batch_first", False), ("dropout", 0.0), ("bidirectional", False), ("backend", None)):
+        for name, default in (("bias", True), ("batch_first", False), ("dropout", 0.0), ("bidirectional", False),
+                              ("backend", None)):
             if getattr(self, name) != default:
                 text += f", {name}={getattr(self, name)!r}"
         return text
 
-    def forward(self, input, state=None):
+    def forward(self, input, hx=None, *, state=None):
+        if state is not None:  # the name forward's state had before it took nn.LSTM's
+            if hx is not None:
+                raise TypeError("LLTMLayer.forward(): give the state once, as hx (state= is its older name)")
+            hx = state
+        state = hx
         if state is None and len(self._parameter_names) == 1 and len(self._parameter_names[0]) == 1 \
                 and type(input) is torch.Tensor and input.dim() == 3:
             # The commonest call, one layer and direction over a batched tensor from a zero state, without
@@ -127,7 +142,8 @@ class LLTMLayer(torch.nn.Module):
             self._check_input(sequence, input)
             zeros = sequence.new_zeros((sequence.shape[1], self.state_size))
             weights_name, bias_name = self._parameter_names[0][0]
-            output, h, c = lltm_sequence(sequence, self._parameters[weights_name], self._parameters[bias_name],
+            bias = self._parameters[bias_name] if self.bias else self._buffers[bias_name]
+            output, h, c = lltm_sequence(sequence, self._parameters[weights_name], bias,
                                          zeros, zeros, backend=self.backend)
             return (output.transpose(0, 1) if self.batch_first else output), (h.unsqueeze(0), c.unsqueeze(0))
         lengths = None
@@ -163,8 +179,9 @@ class LLTMLayer(torch.nn.Module):
             outputs = []
             for direction, (weights_name, bias_name) in enumerate(names):
                 index = layer * directions + direction
+                bias = self._parameters[bias_name] if self.bias else self._buffers[bias_name]
                 output, h, c = lltm_sequence(
-                    layer_input, self._parameters[weights_name], self._parameters[bias_name], *initial[index],
+                    layer_input, self._parameters[weights_name], bias, *initial[index],
                     lengths=lengths, reverse=direction == 1, backend=self.backend,
                 )
                 outputs.append(output)

@@ -160,6 +160,8 @@ FAKE_MODULE = textwrap.dedent(
     def small_can():     return _ref(name="small_can", priority=80, devices=frozenset({"cpu"}), can_run=_big_state)
     def small_both():    return _ref(name="small_both", priority=90, devices=frozenset({"cpu"}), can_run=_no_cell,
                                      should_run=_big_state)
+    def declines_all():  return _ref(name="declines_all", priority=200, devices=frozenset({"cpu"}),
+                                     should_run=lambda call: "never a good choice")
     def raising():       return _ref(name="raising", priority=95, devices=frozenset({"cpu"}), should_run=_raises)
     def answers_none():  return _ref(name="answers_none", priority=95, devices=frozenset({"cpu"}), can_run=_answers_none)
     def counting():      return _ref(name="counting", priority=85, devices=frozenset({"cpu"}), should_run=_counting)

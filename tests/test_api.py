@@ -65,7 +65,7 @@ def test_module_initialisation_matches_the_seed():
 
 
 def test_module_rejects_empty_sizes():
-    with pytest.raises(ValueError, match="input_features and state_size must be >= 1, got 0 and 5"):
+    with pytest.raises(ValueError, match=r"input_features \(input_size\) must be an integer >= 1, got 0"):
         lltm_core.LLTM(0, 5)
 
 
@@ -204,11 +204,11 @@ def test_a_compiled_backends_stand_in_kernel_says_why_it_cannot_run():
 def test_the_module_names_the_callers_mistake():
     cell = lltm_core.LLTM(6, 5)
     h, c = torch.randn(3, 5), torch.randn(3, 5)
-    with pytest.raises(ValueError, match=r"LLTM\(input_features=6, state_size=5\) takes input of shape \(batch, 6\), got \(3, 7\)"):
+    with pytest.raises(ValueError, match=r"LLTM\(input_features=6, state_size=5\) takes input of shape \(batch, 6\) or \(6,\) unbatched, got \(3, 7\)"):
         cell(torch.randn(3, 7), (h, c))
-    with pytest.raises(TypeError, match=r"state must be a pair \(h, c\), got Tensor"):
+    with pytest.raises(TypeError, match=r"hx must be a pair \(h, c\), got Tensor"):
         cell(torch.randn(3, 6), h)
-    with pytest.raises(ValueError, match="old_h"):  # a wrong state shape is still named as lltm() names it
+    with pytest.raises(ValueError, match=r"hx's h has shape \(3, 4\), expected \(3, 5\)"):  # the state, not the weights
         cell(torch.randn(3, 6), (torch.randn(3, 4), c))
     new_h, new_cell = cell(torch.randn(3, 6), [h, c])  # a list is a pair too
     assert new_h.shape == new_cell.shape == (3, 5)

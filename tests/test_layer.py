@@ -84,7 +84,7 @@ def test_layer_names_bad_input(input, state, error, pattern):
 
 
 def test_layer_rejects_bad_construction_arguments():
-    with pytest.raises(ValueError, match=r"state_size must be an integer >= 1, got 0"):
+    with pytest.raises(ValueError, match=r"state_size \(hidden_size\) must be an integer >= 1, got 0"):
         lltm_core.LLTMLayer(3, 0)
     with pytest.raises(ValueError, match=r"num_layers must be an integer >= 1, got 1.5"):
         lltm_core.LLTMLayer(3, 4, 1.5)
@@ -264,7 +264,7 @@ def test_the_cell_starts_from_zeros_without_a_state():
     zeros = torch.zeros(B, S)
     for got, want in zip(cell(x), cell(x, (zeros, zeros))):
         torch.testing.assert_close(got, want, rtol=0, atol=0)
-    with pytest.raises(ValueError, match=r"takes input of shape \(batch, 3\), got \(4, 3, 1\)"):
+    with pytest.raises(ValueError, match=r"takes input of shape \(batch, 3\) or \(3,\) unbatched, got \(4, 3, 1\)"):
         cell(torch.randn(B, I, 1))
 
 

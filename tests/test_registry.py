@@ -69,7 +69,7 @@ def test_broken_backends_are_reported_not_raised(fake_backends):
 
 def test_explicit_request_for_unavailable_backend_fails_with_reason(fake_backends):
     fake_backends("lltm-fake", {"nogpu": "nogpu"})
-    with pytest.raises(BackendError, match=r"'nogpu'.*backend=.*unavailable: no CUDA device visible.*Available: ref"):
+    with pytest.raises(BackendError, match=r"'nogpu'.*backend=.*unavailable: no CUDA device visible.*Also installed: ref"):
         lltm_core.lltm(*make_inputs(2, 3, 4), backend="nogpu")
 
 
@@ -88,14 +88,14 @@ def test_unknown_backend_names_it_and_says_what_to_install(fake_backends):
         lltm_core.get_backend("cuda")
     message = str(err.value)
     assert "'cuda'" in message and "not installed" in message
-    assert "available: ref" in message
+    assert "installed: ref" in message
     assert "pip install" in message and "./backends/lltm_cuda" in message
 
 
 def test_explicit_request_never_falls_back(fake_backends):
     fake_backends("lltm-fake", {"fast": "fast"})
     inputs = make_inputs(2, 3, 4, dtype=torch.float64)
-    with pytest.raises(BackendError, match=r"'fast'.*cannot take cpu float64.*takes float32.*Backends that can: ref"):
+    with pytest.raises(BackendError, match=r"'fast'.*cannot take cpu float64.*takes float32.*`lltm info` shows which backend takes which tensors"):
         lltm_core.lltm(*inputs, backend="fast")
 
 
@@ -151,9 +151,9 @@ def test_no_backend_can_take_it_lists_every_rejection(fake_backends, monkeypatch
         lltm_core.get_backend(device="cpu", dtype=torch.float64)
     message = str(err.value)
     assert "no lltm backend can take cpu float64" in message
-    assert "broken: unavailable (failed to load: ImportError" in message
-    assert "fast: takes float32, not float64" in message
-    assert "ref: disabled (hidden by LLTM_DISABLE_BACKENDS)" in message
+    assert "broken: unavailable: failed to load: ImportError" in message
+    assert "fast: it takes float32, not float64" in message
+    assert "ref: disabled: hidden by LLTM_DISABLE_BACKENDS" in message
     # lltm-ref is installed: the advice is about the variable, not about installing it.
     assert "LLTM_DISABLE_BACKENDS=ref hides ref." in message and "pip install" not in message
 
@@ -162,7 +162,7 @@ def test_no_backend_for_the_device_says_so_without_install_advice(fake_backends)
     with pytest.raises(BackendError) as err:
         lltm_core.get_backend(device="meta", dtype=torch.float32)
     message = str(err.value)
-    assert "ref: runs on cpu/cuda/mps/xpu, not meta" in message
+    assert "ref: it runs on cpu/cuda/mps/xpu, not meta" in message
     assert "None of the installed backends takes these tensors" in message and "pip install" not in message
 
 

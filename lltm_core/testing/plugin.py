@@ -49,7 +49,7 @@ def _device_skip_reason(device: str) -> str | None:
 
 def _default_backends(device: str) -> list[str]:
     import lltm_core
-    from lltm_core._registry import _resolve
+    from lltm_core._discovery import resolve as _resolve
 
     kind = torch.device(device).type
     return [n for n in lltm_core.available_backends() if kind in _resolve(n).backend.devices]
@@ -92,7 +92,7 @@ def pytest_generate_tests(metafunc):
 
 
 def _takes(name: str, device: str, dtype: torch.dtype) -> bool:
-    from lltm_core._registry import _resolve
+    from lltm_core._discovery import resolve as _resolve
 
     rec = _resolve(name)
     if rec is None or not rec.available:

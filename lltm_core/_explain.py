@@ -1,0 +1,29 @@
+"""``explain(call)``: the trace of the choice for one call, from the rule itself (``_registry.rank``, ``verdict``).
+
+No state of its own: it asks the rule afresh (answers come from the rule's
+memo), and says nothing in warnings, as ``lltm info --explain`` lists the
+unavailable backends with their reasons.
+"""
+
+from __future__ import annotations
+
+from . import _registry
+from ._registry import TraceEntry
+from .backend import Call
+
+
+def explain(call: Call) -> list[TraceEntry]:
+    """The trace of the choice for ``call``: every backend in order, with its verdict and the reason.
+
+    As Hugging Face kernels reports its variants: which one was chosen, and
+    why each other one was declined or not considered.  Honors
+    ``LLTM_BACKEND`` and ``use_backend()``; never raises for a call nothing
+    can run (then no entry is "chosen").
+    """
+    if not isinstance(call, Call):
+        raise TypeError(f"explain() takes an lltm_core.Call, got {type(call).__name__}")
+    name, source = _registry.requested()
+    ranking = _registry.rank(call.device_type, call.dtype, name, source)
+    if ranking.error and name is not None:
+        return [TraceEntry(name, "unavailable", ranking.error), *ranking.passed]
+    return _registry.trace(ranking, call)
