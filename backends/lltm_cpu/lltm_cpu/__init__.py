@@ -117,9 +117,9 @@ def gemm_routes() -> list[dict]:
     return json.loads(_c_function("lltm_cpu_gemm_routes_json")().decode())
 
 
-def _c_function(name: str):
+def _c_function(name: str, path: str | None = None):
     """One of the library's C functions (csrc/lltm.cpp), returning a C string."""
-    function = getattr(ctypes.CDLL(library_path()), name)
+    function = getattr(ctypes.CDLL(path or library_path()), name)
     function.restype = ctypes.c_char_p
     function.argtypes = []
     return function
@@ -152,7 +152,8 @@ def _load_library() -> str | None:
     if unavailable is not None:
         return unavailable
     # A bad LLTM_CPU_GEMM or LLTM_CPU_SPLIT would fail every call: say so once, here.
-    settings = _c_function("lltm_cpu_settings_error")().decode()
+    path = _jit_library if os.environ.get("LLTM_CPU_JIT") == "1" else library_path()
+    settings = _c_function("lltm_cpu_settings_error", path)().decode()
     return settings or None
 
 
