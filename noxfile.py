@@ -119,7 +119,7 @@ def cross_torch(session):
     """lltm-cpu's wheel, built with torch 2.13.0, on torch 2.14.1: its library targets torch's stable
     ABI (>= 2.10), so pip must leave the user's torch in place and the kit must pass on it.
 
-    The wheels are built in this session's venv; a second venv (deleted at the end) gets torch 2.14.1
+    The wheels are built in the nox venv; a second venv (deleted at the end) gets torch 2.14.1
     first, then lltm-core, lltm-ref and lltm-cpu by name from those wheels, as a user installs them.
     """
     session.install(TORCH_CPU, *BUILD_TOOLS, *TEST_TOOLS)

@@ -196,8 +196,9 @@ void gemm_on(Route route, bool trans_a, bool trans_b, int64_t m, int64_t n, int6
   aten_gemm(trans_a, trans_b, m, n, k, a, lda, b, ldb, accumulate, c, ldc);
 }
 
-// MKL where torch has it (float32 and float64), torch's mm otherwise: with
-// brgemm and oneDNN gone there is no second route to time.
+// MKL where torch has it (float32 and float64), torch's mm otherwise: the
+// shim's mm is MKL too for those dtypes, so there is nothing to time (oneDNN's
+// matmul, outside the stable ABI, lost to MKL: benchmarks/results/cpu_sequence.md).
 template <typename scalar_t>
 Route all_steps_route(int64_t m, int64_t n, int64_t k, int64_t lda, int64_t ldb) {
   if (requested_route() != Route::kAten && !std::is_same_v<scalar_t, c10::BFloat16> && mkl().has_gemm() &&
