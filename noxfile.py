@@ -39,7 +39,7 @@ WHEELHOUSE = ROOT / "wheelhouse"
 nox.options.default_venv_backend = "venv"
 nox.options.reuse_venv = "no"
 nox.options.error_on_missing_interpreters = True
-nox.options.sessions = ["core", "ref", "cpu", "cuda", "cuda_emulated", "wheels", "triton"]
+nox.options.sessions = ["core", "ref", "cpu", "cross_torch", "cuda", "cuda_emulated", "wheels", "triton"]
 
 
 def _session(func):
@@ -114,6 +114,53 @@ def cpu(session):
     # With lltm-cpu here, the deploy path (export, AOTInductor, the C++ runner) must run, not skip.
     session.env["LLTM_REQUIRE_DEPLOY"] = "1"
     _pytest(session, str(ROOT / "tests"))
+
+
+@_session
+def cross_torch(session):
+    """lltm-cpu's wheel, built with torch 2.13.0, on torch 2.14.1: its library targets torch's stable
+    ABI (>= 2.10), so pip must leave the user's torch in place and the kit must pass on it.
+
+    The wheels are built in the nox venv; a second venv (deleted at the end) gets torch 2.14.1
+    first, then lltm-core, lltm-ref and lltm-cpu by name from those wheels, as a user installs them.
+    """
+    session.install(TORCH_CPU, *BUILD_TOOLS, *TEST_TOOLS)
+    with tempfile.TemporaryDirectory() as tmp:
+        wheels = Path(tmp) / "wheels"
+        with _source_tree_build_info_untouched(session):
+            for dist in (".", "./backends/lltm_ref", "./backends/lltm_cpu"):
+                session.run("python", "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "-q",
+                            "-w", str(wheels), dist)
+        session.run("python", "-c", _ASSERT_TORCH_REQUIREMENT, str(wheels))
+        venv = Path(tmp) / "venv"
+        session.run("python", "-m", "venv", str(venv))
+        python = str(venv / "bin" / "python")
+        session.run(python, "-m", "pip", "install", "-q", TORCH_CUDA, "pytest", "numpy", external=True)
+        session.run(python, "-m", "pip", "install", "-q", "--find-links", str(wheels), "lltm-core", "lltm-ref",
+                    "lltm-cpu", external=True)
+        wanted = TORCH_CUDA.split("==")[1]
+        session.run(python, "-c", f"import torch; v = torch.__version__.split('+')[0]; "
+                    f"assert v == {wanted!r}, f'pip replaced torch {wanted} with {{v}}'; print('torch', v)",
+                    external=True)
+        session.run(python, "-m", "pip", "check", external=True)
+        session.run(str(venv / "bin" / "lltm"), "info", external=True)
+        with session.chdir(tmp):
+            session.run(python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--pyargs", "lltm_core.testing",
+                        "--lltm-backend", "cpu", *session.posargs, external=True,
+                        env={"TORCHINDUCTOR_CACHE_DIR": str(Path(tmp) / "torchinductor")})
+
+
+# The lltm-cpu wheel's metadata asks for torch >= 2.10 and pins no torch.
+_ASSERT_TORCH_REQUIREMENT = """
+import sys, zipfile
+from pathlib import Path
+wheel = next(Path(sys.argv[1]).glob("lltm_cpu-*.whl"))
+with zipfile.ZipFile(wheel) as z:
+    metadata = z.read(next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))).decode()
+torch = [line for line in metadata.splitlines() if line.startswith("Requires-Dist: torch")]
+assert torch == ["Requires-Dist: torch>=2.10"], (wheel.name, torch)
+print(wheel.name, torch[0])
+"""
 
 
 @_session

@@ -68,3 +68,40 @@ def register_fake_kernels(namespace: str, saved_layout, sequence_saved_layout=No
     torch.library.register_fake(f"{namespace}::sequence_backward")(
         lambda grad_output, grad_h_n, grad_c_n, weights, input, h0, output, lengths, *rest:
         _fake.sequence_backward(input, weights, h0, rest[-1]))
+
+
+def torch_too_old(target: tuple[int, int], distribution: str) -> str | None:
+    """``None`` if the running torch is at least ``target`` (major, minor), the oldest torch whose
+    stable ABI a library was built for, else what to do.  Such a library loads on every later torch."""
+    running = torch.__version__
+    try:
+        major_minor = tuple(int(part) for part in running.split("+")[0].split(".")[:2])
+    except ValueError:
+        return f"cannot read torch's version {running!r}: {distribution} needs torch >= {target[0]}.{target[1]}"
+    if major_minor >= tuple(target):
+        return None
+    return (
+        f"needs torch >= {target[0]}.{target[1]} (built for its stable ABI), running {running}: "
+        f"upgrade torch (pip install 'torch>={target[0]}.{target[1]}'), or install an older {distribution}"
+    )
+
+
+def damaged_library(path, expected_size: int, expected_sha256: str, distribution: str) -> str | None:
+    """``None`` if the library at ``path`` is the file its build recorded (size and sha256), else
+    why it must not be loaded: a truncated or replaced library can crash the process on load."""
+    import hashlib
+    import os
+
+    try:
+        found = os.path.getsize(path)
+        if found != expected_size:
+            return f"the library is damaged (expected {expected_size} bytes, found {found}): reinstall {distribution}"
+        digest = hashlib.sha256()
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+    except OSError as exc:
+        return f"the library {path} cannot be read ({exc}): reinstall {distribution}"
+    if digest.hexdigest() != expected_sha256:
+        return f"the library is damaged (its contents differ from the build's, {found} bytes): reinstall {distribution}"
+    return None

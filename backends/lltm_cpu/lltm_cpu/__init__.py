@@ -4,7 +4,11 @@ The kernels are the operators ``torch.ops.lltm_cpu.forward`` and
 ``torch.ops.lltm_cpu.backward`` (one step), and
 ``torch.ops.lltm_cpu.sequence_forward`` and ``.sequence_backward`` (one layer
 over a whole sequence, the time loop in C++), in the compiled library
-``lltm_cpu._C``.
+``lltm_cpu/_C.abi3.so``.  It is built against torch's stable ABI of 2.10, so
+it loads on every torch from 2.10 on, and it has no Python in it: this module
+loads it with ``torch.ops.load_library``, and a C++ program (an AOTInductor
+runner, say) with ``dlopen``; ``library_path()`` or ``python -m lltm_cpu
+--library`` says where it is.
 lltm-core finds this backend through the ``lltm.backends`` entry point
 ``cpu = lltm_cpu:load_backend``.
 
@@ -15,16 +19,20 @@ C++ without reinstalling.
 
 from __future__ import annotations
 
+import ctypes
 import functools
+import json
 import os
 import shutil
 from pathlib import Path
 
 import torch
 
-__all__ = ["saved_layout", "sequence_saved_layout", "load_backend", "cpu_info", "gemm_routes"]
+__all__ = ["saved_layout", "sequence_saved_layout", "load_backend", "cpu_info", "gemm_routes", "library_path"]
 
 _DISTRIBUTION = "lltm-cpu"
+_HERE = Path(__file__).resolve().parent
+_jit_library: str | None = None  # the library LLTM_CPU_JIT=1 built, once it has
 
 
 def saved_layout(batch: int, input_features: int, state_size: int) -> dict:
@@ -78,52 +86,97 @@ def cpu_info() -> str:
     return f"{vendor + ' ' if vendor else ''}{model}: {', '.join(isa)} (ATen's kernels: {capability})"
 
 
-def gemm_routes() -> list[str]:
-    """The GEMM routes this process's sequence kernels chose so far, one line per shape, and
-    their time loops' splits (``"time loop float32 B64 S512 threads 2 forward: columns (measured:
-    rows .. us, columns .. us)"``), with the timings that chose them (empty before the first
-    sequence call; see csrc/cpu/blas.h)."""
+def library_path() -> str:
+    """The shared library that registers the ``lltm_cpu`` operators: what a C++ program loads
+    (``dlopen``, or ``torch::inductor`` runners after loading it) to run them without Python."""
+    if os.environ.get("LLTM_CPU_JIT") == "1":
+        if _load_library() is None and _jit_library is not None:
+            return _jit_library
+        raise RuntimeError(f"lltm_cpu: LLTM_CPU_JIT=1 built no library: {_load_library()}")
+    try:
+        from ._build_info import LIBRARY_NAME
+    except ImportError as exc:
+        raise RuntimeError(f"lltm_cpu: {_NEVER_BUILT}") from exc
+    return str(_HERE / LIBRARY_NAME)
+
+
+def gemm_routes() -> list[dict]:
+    """The GEMM routes and time-loop splits this process's kernels chose so far, one record
+    each (empty before the first call; see csrc/cpu/tuning.h and blas.h):
+
+    - ``kind``: ``"recurrent"`` (a step's GEMM: ``m``, ``n``, ``k``, ``b_transposed``,
+      ``threads`` of ``torch_threads``) or ``"time loop"`` (the split: ``batch``,
+      ``state_size``, ``threads``, ``direction``, ``row_blocks``, ``column_blocks``);
+    - ``dtype``, ``key`` (the choice's identity, one line), ``chosen`` (the route or split),
+      ``source`` (``"measured"``, ``"the only one"``, ``"LLTM_CPU_GEMM"`` or ``"LLTM_CPU_SPLIT"``)
+      and ``measured_us`` ({candidate: microseconds}, empty unless measured).
+    """
     unavailable = _load_library()
     if unavailable is not None:
         raise RuntimeError(f"lltm_cpu: {unavailable}")
-    return list(torch.ops.lltm_cpu.gemm_routes())
+    return json.loads(_c_function("lltm_cpu_gemm_routes_json")().decode())
+
+
+def _c_function(name: str, path: str | None = None):
+    """One of the library's C functions (csrc/lltm.cpp), returning a C string."""
+    function = getattr(ctypes.CDLL(path or library_path()), name)
+    function.restype = ctypes.c_char_p
+    function.argtypes = []
+    return function
+
+
+def variant() -> str:
+    """Which build of the library this process loads, and why (for ``lltm info``)."""
+    try:
+        from . import _build_info as info
+    except ImportError:
+        return "none: " + _NEVER_BUILT
+    if os.environ.get("LLTM_CPU_JIT") == "1":
+        return "LLTM_CPU_JIT=1: compiled from this source tree for the running torch"
+    target = ".".join(map(str, info.TARGET_TORCH))
+    return (f"stable ABI, for torch >= {target} (built with torch {info.TORCH_VERSION}): "
+            f"the only build lltm-cpu has, and it runs on any such torch")
+
+
+_NEVER_BUILT = ("lltm_cpu was never built (no lltm_cpu/_build_info.py): "
+                "pip install --no-build-isolation ./backends/lltm_cpu, or set LLTM_CPU_JIT=1")
 
 
 @functools.cache
 def _load_library() -> str | None:
     """Registers the lltm_cpu operators; ``None`` on success, else why they are unusable."""
     if os.environ.get("LLTM_CPU_JIT") == "1":
-        return _build_jit()
+        unavailable = _build_jit()
+    else:
+        unavailable = _load_built_library()
+    if unavailable is not None:
+        return unavailable
+    # A bad LLTM_CPU_GEMM or LLTM_CPU_SPLIT would fail every call: say so once, here.
+    path = _jit_library if os.environ.get("LLTM_CPU_JIT") == "1" else library_path()
+    settings = _c_function("lltm_cpu_settings_error", path)().decode()
+    return settings or None
+
+
+def _load_built_library() -> str | None:
     try:
-        from ._build_info import TORCH_VERSION
+        from . import _build_info as info
     except ImportError:
-        return (
-            "lltm_cpu was never built (no lltm_cpu/_build_info.py): "
-            "pip install --no-build-isolation ./backends/lltm_cpu, or set LLTM_CPU_JIT=1"
-        )
-    from lltm_core.extension import torch_mismatch
+        return _NEVER_BUILT
+    from lltm_core.extension import damaged_library, torch_too_old
 
-    # Checked before loading: a library built for another torch may crash on load.
-    mismatch = torch_mismatch(TORCH_VERSION, _DISTRIBUTION)
-    if mismatch is not None:
-        return mismatch
-    library = _library_file()
-    if library is None:
-        return f"the compiled kernels (lltm_cpu/_C*.so) are missing from {Path(__file__).parent}: reinstall lltm-cpu"
+    # Both checked before loading: a library for a newer stable ABI, or a
+    # truncated file, may crash the process as it loads.
+    too_old = torch_too_old(info.TARGET_TORCH, _DISTRIBUTION)
+    if too_old is not None:
+        return too_old
+    path = _HERE / info.LIBRARY_NAME
+    damaged = damaged_library(path, info.LIBRARY_SIZE, info.LIBRARY_SHA256, _DISTRIBUTION)
+    if damaged is not None:
+        return damaged
     try:
-        torch.ops.load_library(str(library))  # loading it registers the operators
-    except OSError as exc:
-        return f"cannot load the compiled kernels ({library}): {exc}"
-    return None
-
-
-def _library_file() -> Path | None:
-    import importlib.machinery
-
-    here = Path(__file__).resolve().parent
-    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
-        if (here / f"_C{suffix}").is_file():
-            return here / f"_C{suffix}"
+        torch.ops.load_library(str(path))
+    except (OSError, RuntimeError) as exc:
+        return f"cannot load the compiled kernels ({path}): {exc}"
     return None
 
 
@@ -154,7 +207,8 @@ def _build_jit() -> str | None:
             )
             for source, isa_flags in config.ISA_SOURCES.items()
         ]
-        cpp_extension.load(
+        global _jit_library
+        _jit_library = cpp_extension.load(
             "lltm_cpu_jit",
             [str(root / source) for source in config.SOURCES],
             extra_cflags=config.COMPILE_FLAGS,
@@ -172,15 +226,6 @@ def _register_fakes() -> None:
     from lltm_core.extension import register_fake_kernels
 
     register_fake_kernels("lltm_cpu", saved_layout, sequence_saved_layout)
-
-
-def library_path() -> str:
-    """The shared library that registers the lltm_cpu operators: what a C++ program loads
-    (for example before running an AOTInductor package of an LLTM model)."""
-    unavailable = _load_library()
-    if unavailable is not None:
-        raise RuntimeError(f"lltm_cpu: {unavailable}")
-    return str(_library_file())
 
 
 def load_backend():
@@ -209,7 +254,8 @@ def load_backend():
         interface_versions=(1, 2, 3),
         availability=lambda: unavailable,
         # Its GEMM routes are chosen per shape at the first call: lltm_cpu.gemm_routes() lists them.
-        description=f"fused C++ kernels, vectorised per CPU instruction set; this CPU: {cpu_info()}",
+        description=(f"fused C++ kernels, vectorised per CPU instruction set; this CPU: {cpu_info()}; "
+                     f"library: {variant()}"),
         sequence_forward=sequence_forward,
         sequence_backward=sequence_backward,
         sequence_saved_layout=sequence_saved_layout,

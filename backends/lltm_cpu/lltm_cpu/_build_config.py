@@ -5,7 +5,9 @@ Paths are relative to the distribution root (backends/lltm_cpu).
 
 import platform
 
-import torch
+#: The oldest torch the library is built for: its stable ABI from this
+#: version on (TORCH_TARGET_VERSION), and the package's requirement.
+TARGET_TORCH = (2, 10)
 
 #: Compiled with COMPILE_FLAGS only, into the library's first objects.
 SOURCES = [
@@ -13,6 +15,8 @@ SOURCES = [
     "csrc/cpu/lltm_kernels.cpp",
     "csrc/cpu/lltm_sequence.cpp",
     "csrc/cpu/blas.cpp",
+    "csrc/cpu/tuning.cpp",
+    "csrc/cpu/cpu_runtime.cpp",
     "csrc/cpu/pointwise_default.cpp",
 ]
 
@@ -32,13 +36,11 @@ ISA_SOURCES = (
     else {}
 )
 
-# at::parallel_for is a header template: with torch's OpenMP backend it only
-# runs threads if this code is compiled with OpenMP too.  The libgomp it links
-# is torch's own (same soname, already loaded), so both share one thread pool.
-_OPENMP = ["-fopenmp"] if torch.backends.openmp.is_available() else []
-
-# -Wno-unknown-pragmas: at::vec's headers carry "#pragma unroll", which GCC
-# does not know and would warn about a hundred times (ATen builds with it too).
+# TORCH_TARGET_VERSION: only the stable ABI of TARGET_TORCH is visible, so an
+# ATen or c10 header, or a stable function newer than the target, fails to compile.
+_TARGET_VERSION = f"-DTORCH_TARGET_VERSION=0x{TARGET_TORCH[0]:02x}{TARGET_TORCH[1]:02x}000000000000"
+# -g0: a release library carries no debug sections (they were 95% of its size).
 # LLTM_CPU_AVX512_BF16: gemm_bf16_avx512.cpp is among the objects (x86-64).
-COMPILE_FLAGS = ["-O3", "-Wno-unknown-pragmas", *_OPENMP, *(["-DLLTM_CPU_AVX512_BF16"] if ISA_SOURCES else [])]
-LINK_FLAGS = [*_OPENMP]
+COMPILE_FLAGS = ["-O3", "-g0", _TARGET_VERSION, *(["-DLLTM_CPU_AVX512_BF16"] if ISA_SOURCES else [])]
+# -s: no symbol table beyond the dynamic one, which loading needs.
+LINK_FLAGS = ["-s"]

@@ -135,7 +135,7 @@ def test_operator_takes_noncontiguous_inputs():
     [
         (4, lambda t: t[:, :-1], "old_cell must have shape"),
         (2, lambda t: t[:-1], "bias must have shape"),
-        (1, lambda t: t.double(), "weights has dtype Double, expected Float"),
+        (1, lambda t: t.double(), "weights has dtype float64, expected float32"),
     ],
     ids=["old_cell-shape", "bias-shape", "mixed-dtypes"],
 )
@@ -157,10 +157,11 @@ def test_chosen_by_default(dtype):
     assert (backend.name, backend.priority) == ("cpu", 100)
 
 
-def test_other_torch_is_reported_not_loaded(monkeypatch):
+def test_older_torch_is_reported_not_loaded(monkeypatch):
+    """A torch older than the stable ABI the library targets: the reason, before any loading."""
     from lltm_cpu import _build_info
 
     monkeypatch.delenv("LLTM_CPU_JIT", raising=False)
-    monkeypatch.setattr(_build_info, "TORCH_VERSION", "1.0.0")
+    monkeypatch.setattr(_build_info, "TARGET_TORCH", (99, 0))
     reason = lltm_cpu._load_library.__wrapped__()
-    assert reason.startswith(f"built for torch 1.0.0, running {torch.__version__}: rebuild lltm-cpu")
+    assert reason.startswith(f"needs torch >= 99.0 (built for its stable ABI), running {torch.__version__}: upgrade")

@@ -1,83 +1,56 @@
 // The GEMMs of the sequence kernels, on raw row-major pointers.
 //
 // A sequence runs T small recurrent GEMMs forward and T backward, and at the
-// tutorial's size each is a few us of arithmetic: ATen's at::mm adds its
+// tutorial's size each is a few us of arithmetic: a tensor operator adds its
 // dispatcher round trip, argument checks and output handling to every one.
-// Which library is fastest depends on the CPU and on the shape: MKL, torch's
-// BLAS on x86-64, runs its AVX2 kernels on AMD CPUs and its AVX-512 or AMX
-// ones on Intel; torch's brgemm (oneDNN's batch-reduce micro-kernel) uses
-// AVX-512 on both, and AMX tiles for bfloat16 where present.  So each GEMM
-// shape's route is chosen by measurement, once per process:
+// Which library is fastest depends on the CPU and on the shape, so each GEMM
+// shape's route is chosen by measurement, once per process (tuning.h):
 //
 // * the recurrent GEMMs (RightOperand) of a (dtype, rows, N, K, layout,
-//   threads) key: at the first sequence call with that key, every route this
-//   torch offers for the dtype runs that GEMM on the real weights for about
-//   a millisecond, and the fastest is kept (recurrent_route);
-// * the GEMMs over all steps (gemm): MKL called directly (torch's x86-64
-//   builds link it statically into libtorch_cpu and export its symbols, found
-//   at run time with dlsym) or oneDNN's matmul (at::native::mkldnn_matmul,
-//   which torch exports), timed the same way on a corner of the problem of
-//   about 4M multiply-adds.  bfloat16 ones go to at::mm (oneDNN).
+//   threads) key: at the first sequence call with that key, every route
+//   offered for the dtype runs that GEMM on the real weights for about a
+//   millisecond, and the fastest is kept (recurrent_route).  The routes:
+//   MKL's packed and plain GEMMs, called directly (torch's x86-64 builds link
+//   MKL and export its C and Fortran symbols, found at run time with dlsym:
+//   MKL's ABI, not torch's), lltm-cpu's own AVX512_BF16 kernel
+//   (gemm_bf16_avx512.cpp), and torch's mm through the stable C shim
+//   (aoti_torch_cpu_mm_out), which every torch has;
+// * the GEMMs over all steps (gemm): MKL where torch has it, else the shim.
 //
-// Tuning holds one process-wide mutex, so concurrent first calls neither
-// time each other's GEMMs nor tune one key twice; every later call reads the
-// cached choice.  gemm_routes() lists the choices made so far.
+// torch's brgemm and oneDNN matmul are ATen internals, outside the stable
+// ABI: what they were worth on each CPU measured is in
+// benchmarks/results/cpu_sequence.md.
 //
-// LLTM_CPU_GEMM=brgemm|avx512-bf16|mkl-packed|mkl|aten forces the recurrent
-// GEMMs' route (read once, at first use) for every dtype that has it; a dtype
-// without it takes MKL's GEMM (float64 has no brgemm or packed GEMM; only
-// bfloat16 has avx512-bf16, lltm-cpu's own kernel, gemm_bf16_avx512.cpp);
-// "aten" also sends the GEMMs over all steps to ATen.
-//
-// The time loop's partition between threads (lltm_sequence.cpp: blocks of
-// batch rows, or blocks of state columns) is chosen the same way, per
-// (dtype, B, S, threads, direction), under the same mutex, and reported in
-// gemm_routes() as "time loop ...".  LLTM_CPU_SPLIT=rows|columns forces it
-// (read once, at first use), for every problem that more than one thread
-// can run, even one small enough that lltm-cpu would otherwise keep it on
-// one thread (so tests reach both partitions at any size).
+// LLTM_CPU_GEMM=avx512-bf16|mkl-packed|mkl|aten forces the recurrent GEMMs'
+// route (read once, at first use); a dtype without that route (float64 has
+// no packed GEMM, only bfloat16 has avx512-bf16) is an error, not a quiet
+// substitute; "aten" also sends the GEMMs over all steps to the shim.
 #pragma once
 
-#include <ATen/OpMathType.h>
-#include <c10/core/ScalarType.h>
-
 #include <cstdint>
-#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "pointwise.h"
+
 namespace lltm_cpu {
 namespace blas {
 
-enum class Route { kBrgemm, kAvx512Bf16, kMklPacked, kMkl, kOnednn, kAten };
+// The table of routes, in the order they are offered and reported.
+enum class Route { kAvx512Bf16, kMklPacked, kMkl, kAten };
 
 const char* route_name(Route route);
 
-// The choices made so far in this process, one line per key:
-// "<what> <dtype> M.. N.. K.. threads..: <route> (<route> <us>, ...)".
-std::vector<std::string> gemm_routes();
-
-// How the time loop divides its work between threads: each thread a block
-// of batch rows (all state columns), or a block of state columns (all rows).
-enum class Split { kRows, kColumns };
-
-const char* split_name(Split split);
-
-// LLTM_CPU_SPLIT, read once: the partition asked for, or nullopt to measure.
-std::optional<Split> requested_split();
-
-// The partition for `key`: LLTM_CPU_SPLIT's, else the cached choice, else
-// the faster of the two as time_split(split) measures them (us per step),
-// with the tuning mutex held: concurrent first calls neither time each
-// other nor measure one key twice.  time_split must not choose a GEMM route
-// (recurrent_route takes the same mutex): choose those first.
-Split tuned_split(const std::string& key, const std::function<double(Split)>& time_split);
+// LLTM_CPU_GEMM, read once: the route asked for, or nullopt to measure.
+// Throws for a value that names no route.
+std::optional<Route> requested_route();
 
 // C (m x n) = op(A) op(B), plus C's old contents if `accumulate` (else they
 // are never read).  Row-major; op(X) is X^T where trans_x; lda, ldb and ldc are
 // the row strides of A, B and C as stored.  scalar_t: float, double or
 // c10::BFloat16.  Uses all of torch's threads.
+// Throws for a dtype LLTM_CPU_GEMM has no route for.
 template <typename scalar_t>
 void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const scalar_t* a, int64_t lda,
           const scalar_t* b, int64_t ldb, bool accumulate, scalar_t* c, int64_t ldc);
@@ -93,15 +66,14 @@ Route recurrent_route(bool trans_b, int64_t max_m, int64_t n, int64_t k, const s
 
 // The right-hand operand op(B) (k x n) of many GEMMs with the same n and k
 // and at most `max_m` rows: the recurrent weights of the time loop, laid out
-// once for its route (transposed for brgemm, which takes B as k x n rows;
-// packed for MKL's packed GEMM; widened to float where bfloat16 runs a float
-// kernel).  The product accumulates in acc_t, float for bfloat16, so C is
+// once for its route (packed for MKL's packed GEMM and for lltm-cpu's
+// bfloat16 kernel).  The product accumulates in acc_t, float for bfloat16, so C is
 // acc_t.  Build and use it on one thread, with the same MKL thread setting
 // (MKL asks for that of its packed format).
 template <typename scalar_t>
 class RightOperand {
  public:
-  using acc_t = at::opmath_type<scalar_t>;
+  using acc_t = opmath_type<scalar_t>;
 
   RightOperand(Route route, bool trans_b, int64_t max_m, int64_t n, int64_t k, const scalar_t* b, int64_t ldb);
   RightOperand(const RightOperand&) = delete;  // MKL's packed data must not move

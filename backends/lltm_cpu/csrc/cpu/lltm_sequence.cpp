@@ -21,7 +21,7 @@
 //
 // Threads: the time loop is divided between threads in one of two ways,
 // whichever measured faster at the first call of its (dtype, B, S, threads,
-// direction) (blas::tuned_split; LLTM_CPU_SPLIT forces one):
+// direction) (partition.h; LLTM_CPU_SPLIT forces one):
 // * rows: a batch row's recurrence reads only that row of the previous step,
 //   so the loop runs once per block of batch rows, one block per thread,
 //   with no synchronisation between steps and each block's GEMMs
@@ -41,22 +41,16 @@
 // The GEMMs over all steps run before and after the loop, on all threads.
 // Small problems run on one thread.
 //
-// Each GEMM's route (brgemm, lltm-cpu's bfloat16 kernel, MKL, oneDNN or
-// ATen) is the fastest measured for its shape at the first call: see blas.h.
+// Each GEMM's route (MKL, lltm-cpu's bfloat16 kernel, or torch's mm through
+// the stable C shim) is the fastest measured for its shape at the first
+// call: see blas.h.
 // bfloat16: the recurrent products, the cell state and the carried gradients
 // of h and c stay float; what is returned or saved is bfloat16.
 //
-// Nothing is allocated inside the loop and no ATen operator is called there,
-// except GEMMs on the ATen route (where it measured fastest, or where torch
-// has no MKL: see blas.h).
-#include <ATen/Dispatch.h>
-#include <ATen/Parallel.h>
-#include <ATen/ThreadLocalState.h>
-#include <ATen/core/Tensor.h>
-#include <ATen/ops/empty.h>
-#include <torch/library.h>
-
-#include <ATen/Config.h>
+// Nothing is allocated inside the loop and no torch operator is called
+// there, except GEMMs on the "aten" route (where it measured fastest, or
+// where torch has no MKL: see blas.h).
+#include <torch/csrc/stable/library.h>
 
 #include <algorithm>
 #include <atomic>
@@ -75,181 +69,11 @@
 
 #include "blas.h"
 #include "kernel_common.h"
+#include "partition.h"
+#include "tuning.h"
 
 namespace lltm_cpu {
 namespace {
-
-// A block of rows gets a thread of its own only with at least this much
-// recurrent-GEMM work over the whole sequence (a parallel region costs a few
-// us to start; this is ~10-20 us of one core's work).
-constexpr int64_t kMinMacsPerThread = int64_t{1} << 18;
-// With a single block, its step GEMMs may still use MKL's threads from this
-// size on (a batch of one row with a large state).
-constexpr int64_t kThreadedStepGemmMacs = int64_t{1} << 22;
-
-// How the time loop splits the batch: `count` blocks of consecutive rows,
-// at most one per thread.  blas_threads: a single block whose GEMMs are large
-// enough to use MKL's threads; otherwise each block's GEMMs run on its thread
-// alone.
-struct RowBlocks {
-  int64_t batch = 0;
-  int64_t count = 0;
-  bool blas_threads = false;
-
-  int64_t begin(int64_t block) const { return block * batch / count; }
-  int64_t end(int64_t block) const { return (block + 1) * batch / count; }
-  int64_t max_rows() const { return count == 0 ? 0 : at::divup(batch, count); }
-};
-
-// `macs_per_row`: the recurrent GEMMs' work for one row, all steps;
-// `step_gemm_macs`: one step's GEMM for the whole batch.  `forced`
-// (LLTM_CPU_SPLIT): a block per thread whatever the work.
-RowBlocks split_rows(int64_t batch, int64_t macs_per_row, int64_t step_gemm_macs, bool forced) {
-  RowBlocks blocks;
-  blocks.batch = batch;
-  if (batch == 0) {
-    return blocks;
-  }
-  const int64_t rows_per_thread =
-      forced ? 1 : std::max<int64_t>(1, at::divup(kMinMacsPerThread, std::max<int64_t>(macs_per_row, 1)));
-  blocks.count = at::in_parallel_region() ? 1
-                                          : std::clamp<int64_t>(batch / rows_per_thread, 1, at::get_num_threads());
-  blocks.blas_threads = blocks.count == 1 && step_gemm_macs >= kThreadedStepGemmMacs;
-  return blocks;
-}
-
-// The other way to split the time loop: `count` blocks of consecutive state
-// columns, at most one per thread, each for every batch row.  Block
-// boundaries are multiples of `align` (32 elements where the state is wide
-// enough, so that each block's pointwise pass runs whole vectors): block b
-// begins at b S / count rounded down to a multiple of `align`.
-struct ColumnBlocks {
-  int64_t state_size = 0;
-  int64_t count = 0;
-  int64_t align = 1;
-
-  int64_t begin(int64_t block) const { return block * state_size / count / align * align; }
-  int64_t end(int64_t block) const { return block + 1 == count ? state_size : begin(block + 1); }
-  int64_t max_width() const {
-    int64_t widest = 0;
-    for (int64_t block = 0; block < count; ++block) {
-      widest = std::max(widest, end(block) - begin(block));
-    }
-    return widest;
-  }
-};
-
-// `macs`: the recurrent GEMMs' work, all rows and steps.  The column split
-// needs its blocks to run at once (they wait for each other every step): it
-// is offered only on OpenMP, where each block of a parallel region has a
-// thread of its own.
-ColumnBlocks split_columns(int64_t state_size, int64_t macs, bool forced) {
-  ColumnBlocks blocks;
-  blocks.state_size = state_size;
-  blocks.count = 1;
-#if AT_PARALLEL_OPENMP
-  if (!at::in_parallel_region() && state_size > 0) {
-    const int64_t by_work = forced ? state_size : std::max<int64_t>(1, macs / kMinMacsPerThread);
-    blocks.count = std::clamp<int64_t>(std::min(by_work, state_size), 1, at::get_num_threads());
-  }
-#endif
-  // The widest alignment that leaves every block at least that wide: 32
-  // elements, or less for a narrow state (begin() is then strictly increasing).
-  blocks.align = 32;
-  while (blocks.align > 1 && state_size < blocks.count * blocks.align) {
-    blocks.align /= 2;
-  }
-  return blocks;
-}
-
-inline void cpu_pause() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield");
-#endif
-}
-
-// The column split's barrier, for the threads of one parallel region.  Each
-// thread arrives with the number of blocks it runs (OpenMP may give a thread
-// more than one), and the barrier opens when all `blocks` have arrived: a
-// generation counter, spun on (a step is tens of us to a few ms; a futex
-// wake-up would cost as much as a small step), yielding after a few
-// thousand spins so that an oversubscribed machine (several Python threads
-// calling at once) still makes progress.  A thread that fails aborts it, so
-// that the others stop waiting for it and fail too.
-class SpinBarrier {
- public:
-  explicit SpinBarrier(int64_t blocks) : blocks_(blocks) {}
-
-  void wait(int64_t weight) {
-    const int64_t generation = generation_.load(std::memory_order_acquire);
-    if (arrived_.fetch_add(weight, std::memory_order_acq_rel) + weight == blocks_) {
-      arrived_.store(0, std::memory_order_relaxed);
-      generation_.store(generation + 1, std::memory_order_release);
-      return;
-    }
-    for (int64_t spin = 0; generation_.load(std::memory_order_acquire) == generation; ++spin) {
-      TORCH_CHECK(!aborted_.load(std::memory_order_relaxed), "lltm_cpu: another thread of the time loop failed");
-      if (spin < kSpins) {
-        cpu_pause();
-      } else {
-        std::this_thread::yield();
-      }
-    }
-  }
-
-  void abort() { aborted_.store(true, std::memory_order_relaxed); }
-
- private:
-  static constexpr int64_t kSpins = 4096;
-  const int64_t blocks_;
-  alignas(64) std::atomic<int64_t> arrived_{0};
-  alignas(64) std::atomic<int64_t> generation_{0};
-  alignas(64) std::atomic<bool> aborted_{false};
-};
-
-// The time loop's partition: its split, blocks and recurrent GEMM route.
-struct Partition {
-  blas::Split split = blas::Split::kRows;
-  RowBlocks rows;
-  ColumnBlocks columns;
-  blas::Route route = blas::Route::kAten;
-
-  bool by_rows() const { return split == blas::Split::kRows; }
-  int64_t count() const { return by_rows() ? rows.count : columns.count; }
-};
-
-// Runs `body(first, last, barrier)` on each thread of one parallel region,
-// blocks [first, last) of the partition its own (one, where there are
-// enough threads), every GEMM in it on its thread alone unless the rows'
-// single block may use MKL's threads.
-template <typename Body>
-void run_partition(const Partition& partition, const Body& body) {
-  const int64_t count = partition.count();
-  SpinBarrier barrier(std::max<int64_t>(count, 1));
-  const bool single_threaded = !(partition.by_rows() && partition.rows.blas_threads);
-  if (count <= 1) {
-    if (count == 1) {
-      const blas::SingleThreaded guard(single_threaded);
-      body(0, 1, barrier);
-    }
-    return;
-  }
-  // ATen GEMMs (blas.h's fallback) go through the dispatcher, which reads
-  // thread-local state that pool threads do not inherit.
-  const at::ThreadLocalState caller_state;
-  at::parallel_for(0, count, 1, [&](int64_t first, int64_t last) {
-    const at::ThreadLocalStateGuard guard(caller_state);
-    const blas::SingleThreaded single_threaded_here(single_threaded);
-    try {
-      body(first, last, barrier);
-    } catch (...) {
-      barrier.abort();
-      throw;
-    }
-  });
-}
 
 // A block's share of W_h for its recurrent GEMMs: one blas::RightOperand
 // for each slice [begin, end) of op(W_h)'s columns that the block computes,
@@ -260,7 +84,7 @@ void run_partition(const Partition& partition, const Body& body) {
 template <typename scalar_t>
 class BlockOperands {
  public:
-  using acc_t = at::opmath_type<scalar_t>;
+  using acc_t = opmath_type<scalar_t>;
 
   BlockOperands(blas::Route route, bool forward, int64_t max_m, int64_t S, const scalar_t* w, int64_t ldw,
                 int64_t col_begin, int64_t col_end, bool all_gates_whole)
@@ -332,7 +156,7 @@ std::unique_ptr<BlockOperands<scalar_t>> block_operands(const Partition& partiti
 template <typename scalar_t>
 double time_partition(const Partition& partition, bool forward, int64_t B, int64_t S, const scalar_t* w,
                       int64_t ldw) {
-  using acc_t = at::opmath_type<scalar_t>;
+  using acc_t = opmath_type<scalar_t>;
   constexpr int64_t kStepsPerRound = 4;
   const auto made_up = [](int64_t count, float base) {
     std::vector<scalar_t> data(std::max<int64_t>(count, 1));
@@ -436,19 +260,21 @@ double time_partition(const Partition& partition, bool forward, int64_t B, int64
 
 // "time loop float32 B64 S512 threads 2 forward": the partition's key in
 // gemm_routes(), with the blocks each split would run where they are not
-// one per thread (a small problem).
+// one per thread (a small problem); and the record's fields.
 template <typename scalar_t>
-std::string split_key(bool forward, int64_t B, int64_t S, const Partition& partition) {
-  const char* dtype = std::is_same_v<scalar_t, float> ? "float32" : std::is_same_v<scalar_t, double> ? "float64"
-                                                                                                      : "bfloat16";
-  const int64_t threads = at::get_num_threads();
-  std::ostringstream key;
-  key << "time loop " << dtype << " B" << B << " S" << S << " threads " << threads
+std::pair<std::string, std::string> split_key(bool forward, int64_t B, int64_t S, const Partition& partition) {
+  const int64_t threads = num_threads();
+  std::ostringstream key, fields;
+  key << "time loop " << dtype_name<scalar_t>() << " B" << B << " S" << S << " threads " << threads
       << (forward ? " forward" : " backward");
   if (partition.rows.count != threads || partition.columns.count != threads) {
     key << " (rows in " << partition.rows.count << " blocks, columns in " << partition.columns.count << ")";
   }
-  return key.str();
+  fields << "\"kind\": \"time loop\", \"dtype\": \"" << dtype_name<scalar_t>() << "\", \"batch\": " << B
+         << ", \"state_size\": " << S << ", \"threads\": " << threads << ", \"direction\": \""
+         << (forward ? "forward" : "backward") << "\", \"row_blocks\": " << partition.rows.count
+         << ", \"column_blocks\": " << partition.columns.count;
+  return {key.str(), fields.str()};
 }
 
 // The time loop's partition for this call: by rows or by columns, as
@@ -456,7 +282,7 @@ std::string split_key(bool forward, int64_t B, int64_t S, const Partition& parti
 // wherever the columns cannot be split (one thread, a small problem).
 template <typename scalar_t>
 Partition choose_partition(bool forward, int64_t T, int64_t B, int64_t S, const scalar_t* w, int64_t ldw) {
-  const std::optional<blas::Split> forced = blas::requested_split();
+  const std::optional<Split> forced = requested_split();
   Partition partition;
   partition.rows = split_rows(B, T * 3 * S * S, B * 3 * S * S, forced.has_value());
   partition.columns = split_columns(S, T * B * 3 * S * S, forced.has_value());
@@ -469,26 +295,28 @@ Partition choose_partition(bool forward, int64_t T, int64_t B, int64_t S, const 
     const int64_t width = partition.columns.max_width();
     return blas::recurrent_route<scalar_t>(/*trans_b=*/forward, B, width, k, w, ldw, /*threaded=*/false);
   };
-  if (partition.columns.count <= 1 || forced == blas::Split::kRows) {
-    partition.split = blas::Split::kRows;
+  if (partition.columns.count <= 1 || forced == Split::kRows) {
+    partition.split = Split::kRows;
     partition.route = rows_route();
     if (partition.columns.count > 1) {  // reported: LLTM_CPU_SPLIT chose
-      blas::tuned_split(split_key<scalar_t>(forward, B, S, partition), [](blas::Split) { return 0.0; });
+      const auto [key, fields] = split_key<scalar_t>(forward, B, S, partition);
+      tuned_split(key, fields, [](Split) { return 0.0; });
     }
     return partition;
   }
   // Both routes first: choosing one takes the tuning mutex, which
   // tuned_split holds while it times the partitions.
   Partition by_rows = partition, by_columns = partition;
-  by_columns.split = blas::Split::kColumns;
+  by_columns.split = Split::kColumns;
   by_columns.route = columns_route();
-  if (forced != blas::Split::kColumns) {
+  if (forced != Split::kColumns) {
     by_rows.route = rows_route();
   }
-  const blas::Split split = blas::tuned_split(split_key<scalar_t>(forward, B, S, partition), [&](blas::Split which) {
-    return time_partition<scalar_t>(which == blas::Split::kRows ? by_rows : by_columns, forward, B, S, w, ldw);
+  const auto [key, fields] = split_key<scalar_t>(forward, B, S, partition);
+  const Split split = tuned_split(key, fields, [&](Split which) {
+    return time_partition<scalar_t>(which == Split::kRows ? by_rows : by_columns, forward, B, S, w, ldw);
   });
-  return split == blas::Split::kRows ? by_rows : by_columns;
+  return split == Split::kRows ? by_rows : by_columns;
 }
 
 // Inference (needs_backward false) keeps no gates for backward: the input is
@@ -507,37 +335,38 @@ constexpr int64_t kInferenceChunkElements = int64_t{1} << 22;
 int64_t inference_chunk_steps(int64_t steps, int64_t batch, int64_t state_size) {
   const int64_t per_step = std::max<int64_t>(batch * 3 * state_size, 1);
   const int64_t fit = std::clamp<int64_t>(kInferenceChunkElements / per_step, 1, steps);
-  return at::divup(steps, at::divup(steps, fit));
+  return divup(steps, divup(steps, fit));
 }
 
 // Checks `lengths` (an int64 CPU tensor (B,) with values in [1, T]) and
 // returns it contiguous.
-at::Tensor checked_lengths(const at::Tensor& lengths, const char* op, int64_t steps, int64_t batch) {
-  TORCH_CHECK(lengths.dim() == 1 && lengths.size(0) == batch, op, ": lengths must have shape [", batch, "], got ",
-              lengths.sizes());
-  TORCH_CHECK(lengths.scalar_type() == at::kLong && lengths.device().is_cpu(), op,
-              ": lengths must be an int64 CPU tensor, got ", lengths.scalar_type(), " on ", lengths.device());
-  at::Tensor dense = lengths.contiguous();
+Tensor checked_lengths(const Tensor& lengths, const char* op, int64_t steps, int64_t batch) {
+  LLTM_CHECK(lengths.dim() == 1 && lengths.size(0) == batch, op, ": lengths must have shape [", batch, "], got ",
+                  shape(lengths));
+  LLTM_CHECK(lengths.scalar_type() == ScalarType::Long && lengths.is_cpu(), op,
+                  ": lengths must be an int64 CPU tensor, got ", c10::toString(lengths.scalar_type()),
+                  lengths.is_cpu() ? " on the CPU" : " on another device");
+  Tensor dense = torch::stable::contiguous(lengths);
   const int64_t* values = dense.const_data_ptr<int64_t>();
   for (int64_t row = 0; row < batch; ++row) {
-    TORCH_CHECK(values[row] >= 1 && values[row] <= steps, op, ": lengths must be in [1, ", steps, "], got ",
-                values[row], " at ", row);
+    LLTM_CHECK(values[row] >= 1 && values[row] <= steps, op, ": lengths must be in [1, ", steps, "], got ",
+                    values[row], " at ", row);
   }
   return dense;
 }
 
-// A contiguous copy of `source` in new memory, which the kernel may write.
-at::Tensor fresh_copy(const at::Tensor& source) {
-  at::Tensor copy = at::empty(source.sizes(), source.options());
-  copy.copy_(source);
+// A contiguous copy of `source` (2-D) in new memory of `dtype`, which the kernel may write.
+Tensor fresh_copy(const Tensor& source, ScalarType dtype) {
+  Tensor copy = empty({source.size(0), source.size(1)}, dtype);
+  torch::stable::copy_(copy, source);
   return copy;
 }
 
+Tensor fresh_copy(const Tensor& source) { return fresh_copy(source, source.scalar_type()); }
+
 // The same, in the type the kernels carry state in: float for bfloat16.
-at::Tensor state_copy(const at::Tensor& source) {
-  at::Tensor copy = at::empty(source.sizes(), source.options().dtype(at::toOpMathType(source.scalar_type())));
-  copy.copy_(source);
-  return copy;
+Tensor state_copy(const Tensor& source) {
+  return fresh_copy(source, source.scalar_type() == ScalarType::BFloat16 ? ScalarType::Float : source.scalar_type());
 }
 
 // Whether every element of h0 is zero, of either sign: LLTMLayer's default
@@ -563,62 +392,63 @@ bool all_zero(const scalar_t* data, int64_t count) {
 }
 
 // A state back in `dtype`: itself where it already is (new memory either way).
-at::Tensor in_dtype(const at::Tensor& state, at::ScalarType dtype) {
-  return state.scalar_type() == dtype ? state : state.to(dtype);
+Tensor in_dtype(const Tensor& state, ScalarType dtype) {
+  return state.scalar_type() == dtype ? state : fresh_copy(state, dtype);
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> sequence_forward(
-    const at::Tensor& input_arg, const at::Tensor& weights_arg, const at::Tensor& bias_arg, const at::Tensor& h0_arg,
-    const at::Tensor& c0_arg, const std::optional<at::Tensor>& lengths_arg, bool reverse, bool needs_backward) {
+std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> sequence_forward(
+    const Tensor& input_arg, const Tensor& weights_arg, const Tensor& bias_arg, const Tensor& h0_arg,
+    const Tensor& c0_arg, const std::optional<Tensor>& lengths_arg, bool reverse, bool needs_backward) {
   constexpr const char* op = "lltm_cpu::sequence_forward";
-  TORCH_CHECK(input_arg.dim() == 3, op, ": input must be 3-D (time, batch, input_features), got ", input_arg.sizes());
-  TORCH_CHECK(h0_arg.dim() == 2, op, ": h0 must be 2-D (batch, state_size), got ", h0_arg.sizes());
+  LLTM_CHECK(input_arg.dim() == 3, op, ": input must be 3-D (time, batch, input_features), got ", shape(input_arg));
+  LLTM_CHECK(h0_arg.dim() == 2, op, ": h0 must be 2-D (batch, state_size), got ", shape(h0_arg));
   const int64_t T = input_arg.size(0), B = input_arg.size(1), I = input_arg.size(2), S = h0_arg.size(1);
   check_matrix(weights_arg, op, "weights", 3 * S, S + I);
-  TORCH_CHECK(bias_arg.dim() == 1 && bias_arg.size(0) == 3 * S, op, ": bias must have shape [", 3 * S, "], got ",
-              bias_arg.sizes());
+  LLTM_CHECK(bias_arg.dim() == 1 && bias_arg.size(0) == 3 * S, op, ": bias must have shape [", 3 * S, "], got ",
+              shape(bias_arg));
   check_matrix(h0_arg, op, "h0", B, S);
   check_matrix(c0_arg, op, "c0", B, S);
   check_dtypes(op, {{"input", input_arg}, {"weights", weights_arg}, {"bias", bias_arg}, {"h0", h0_arg},
                     {"c0", c0_arg}});
   // lltm_core passes contiguous tensors, for which these are no-ops.
-  const at::Tensor input = input_arg.contiguous();
-  const at::Tensor weights = weights_arg.contiguous();
-  const at::Tensor bias = bias_arg.contiguous();
-  const at::Tensor h0 = h0_arg.contiguous();
-  const std::optional<at::Tensor> lengths =
+  const Tensor input = torch::stable::contiguous(input_arg);
+  const Tensor weights = torch::stable::contiguous(weights_arg);
+  const Tensor bias = torch::stable::contiguous(bias_arg);
+  const Tensor h0 = torch::stable::contiguous(h0_arg);
+  const std::optional<Tensor> lengths =
       lengths_arg.has_value() ? std::optional(checked_lengths(*lengths_arg, op, T, B)) : std::nullopt;
 
-  const auto options = input.options();
-  at::Tensor output = at::empty({T, B, S}, options);
+  const ScalarType dtype = input.scalar_type();
+  Tensor output = empty({T, B, S}, dtype);
   // Training: the gates of every step, which backward needs, and the
   // projection's buffer too.  Inference: one chunk's buffer, reused, and no
   // tanh(c_t) at all (the saved slots are empty).
   const int64_t chunk_steps = needs_backward ? T : inference_chunk_steps(T, B, S);
-  at::Tensor gates = at::empty({needs_backward ? T : std::min(chunk_steps, T), B, 3 * S}, options);
-  at::Tensor tanh_cell = needs_backward ? at::empty({T, B, S}, options) : at::empty({0}, options);
-  at::Tensor cell = state_copy(c0_arg);  // the cell state, updated in place step by step
+  Tensor gates = empty({needs_backward ? T : std::min(chunk_steps, T), B, 3 * S}, dtype);
+  Tensor tanh_cell = needs_backward ? empty({T, B, S}, dtype) : empty({0}, dtype);
+  Tensor cell = state_copy(c0_arg);  // the cell state, updated in place step by step
   // With lengths, a row past its length keeps its h, which output (zero
   // there) no longer holds: h_n is then the state the steps update.
-  at::Tensor h_n = lengths.has_value() || T == 0 ? fresh_copy(h0) : at::empty({B, S}, options);
+  Tensor h_n = lengths.has_value() || T == 0 ? fresh_copy(h0) : empty({B, S}, dtype);
   const auto result = [&] {
-    return std::tuple{output, h_n, in_dtype(cell, input.scalar_type()), needs_backward ? gates : at::empty({0}, options),
+    return std::tuple{output, h_n, in_dtype(cell, input.scalar_type()), needs_backward ? gates : empty({0}, dtype),
                       tanh_cell};
   };
   if (T == 0 || B == 0) {
     return result();
   }
 
-  AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, input.scalar_type(), op, [&] {
-    using opmath_t = at::opmath_type<scalar_t>;
+  dispatch_floating(input.scalar_type(), op, [&](auto zero) {
+    using scalar_t = decltype(zero);
+    using opmath_t = opmath_type<scalar_t>;
     const scalar_t* w = weights.const_data_ptr<scalar_t>();
     const int64_t ldw = S + I;
     const scalar_t* x = input.const_data_ptr<scalar_t>();
-    scalar_t* gates_data = gates.data_ptr<scalar_t>();
-    scalar_t* output_data = output.data_ptr<scalar_t>();
-    scalar_t* tanh_cell_data = needs_backward ? tanh_cell.data_ptr<scalar_t>() : nullptr;
-    opmath_t* cell_data = cell.data_ptr<opmath_t>();
-    scalar_t* hidden_data = lengths.has_value() ? h_n.data_ptr<scalar_t>() : nullptr;
+    scalar_t* gates_data = gates.mutable_data_ptr<scalar_t>();
+    scalar_t* output_data = output.mutable_data_ptr<scalar_t>();
+    scalar_t* tanh_cell_data = needs_backward ? tanh_cell.mutable_data_ptr<scalar_t>() : nullptr;
+    opmath_t* cell_data = cell.mutable_data_ptr<opmath_t>();
+    scalar_t* hidden_data = lengths.has_value() ? h_n.mutable_data_ptr<scalar_t>() : nullptr;
     const scalar_t* h0_data = h0.const_data_ptr<scalar_t>();
     const bool h0_zero = all_zero(h0_data, B * S);
     const scalar_t* bias_data = bias.const_data_ptr<scalar_t>();
@@ -714,26 +544,28 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> sequence_
     }
   });
   if (!lengths.has_value()) {
-    h_n.copy_(output[reverse ? 0 : T - 1]);
+    const size_t step_bytes = B * S * output.element_size();
+    std::memcpy(h_n.mutable_data_ptr(), static_cast<const char*>(output.const_data_ptr()) + (reverse ? 0 : T - 1) * step_bytes,
+                step_bytes);
   }
   return result();
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> sequence_backward(
-    const at::Tensor& grad_output_arg, const at::Tensor& grad_h_n, const at::Tensor& grad_c_n,
-    const at::Tensor& weights_arg, const at::Tensor& input_arg, const at::Tensor& h0_arg,
-    const at::Tensor& output_arg, const std::optional<at::Tensor>& lengths_arg, const at::Tensor& gates_arg,
-    const at::Tensor& tanh_cell_arg, bool reverse, bool needs_grad_input) {
+std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> sequence_backward(
+    const Tensor& grad_output_arg, const Tensor& grad_h_n, const Tensor& grad_c_n,
+    const Tensor& weights_arg, const Tensor& input_arg, const Tensor& h0_arg,
+    const Tensor& output_arg, const std::optional<Tensor>& lengths_arg, const Tensor& gates_arg,
+    const Tensor& tanh_cell_arg, bool reverse, bool needs_grad_input) {
   constexpr const char* op = "lltm_cpu::sequence_backward";
-  TORCH_CHECK(input_arg.dim() == 3, op, ": input must be 3-D (time, batch, input_features), got ", input_arg.sizes());
-  TORCH_CHECK(h0_arg.dim() == 2, op, ": h0 must be 2-D (batch, state_size), got ", h0_arg.sizes());
+  LLTM_CHECK(input_arg.dim() == 3, op, ": input must be 3-D (time, batch, input_features), got ", shape(input_arg));
+  LLTM_CHECK(h0_arg.dim() == 2, op, ": h0 must be 2-D (batch, state_size), got ", shape(h0_arg));
   const int64_t T = input_arg.size(0), B = input_arg.size(1), I = input_arg.size(2), S = h0_arg.size(1);
   for (const auto& [name, tensor, width] : {std::tuple{"grad_output", &grad_output_arg, S},
                                             std::tuple{"output", &output_arg, S},
                                             std::tuple{"gates", &gates_arg, 3 * S},
                                             std::tuple{"tanh_cell", &tanh_cell_arg, S}}) {
-    TORCH_CHECK(tensor->sizes() == at::IntArrayRef({T, B, width}), op, ": ", name, " must have shape [", T, ", ", B,
-                ", ", width, "], got ", tensor->sizes());
+    LLTM_CHECK(has_shape(*tensor, {T, B, width}), op, ": ", name, " must have shape [", T, ", ", B,
+                ", ", width, "], got ", shape(*tensor));
   }
   check_matrix(grad_h_n, op, "grad_h_n", B, S);
   check_matrix(grad_c_n, op, "grad_c_n", B, S);
@@ -742,40 +574,41 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> sequence_
   check_dtypes(op, {{"grad_output", grad_output_arg}, {"grad_h_n", grad_h_n}, {"grad_c_n", grad_c_n},
                     {"weights", weights_arg}, {"input", input_arg}, {"h0", h0_arg}, {"output", output_arg},
                     {"gates", gates_arg}, {"tanh_cell", tanh_cell_arg}});
-  const at::Tensor weights = weights_arg.contiguous();
-  const at::Tensor input = input_arg.contiguous();
-  const at::Tensor h0 = h0_arg.contiguous();
-  const at::Tensor output = output_arg.contiguous();
-  const at::Tensor gates = gates_arg.contiguous();
-  const at::Tensor tanh_cell = tanh_cell_arg.contiguous();
-  const std::optional<at::Tensor> lengths =
+  const Tensor weights = torch::stable::contiguous(weights_arg);
+  const Tensor input = torch::stable::contiguous(input_arg);
+  const Tensor h0 = torch::stable::contiguous(h0_arg);
+  const Tensor output = torch::stable::contiguous(output_arg);
+  const Tensor gates = torch::stable::contiguous(gates_arg);
+  const Tensor tanh_cell = torch::stable::contiguous(tanh_cell_arg);
+  const std::optional<Tensor> lengths =
       lengths_arg.has_value() ? std::optional(checked_lengths(*lengths_arg, op, T, B)) : std::nullopt;
   // Autograd's gradient of output.sum() is one value expanded (all strides
   // 0): the pass reads rows of any stride, and a row that is one broadcast
   // value, so only other layouts are copied.
-  const at::Tensor grad_output =
-      grad_output_arg.stride(2) == 0 || grad_output_arg.stride(2) == 1 ? grad_output_arg : grad_output_arg.contiguous();
+  const Tensor grad_output =
+      grad_output_arg.stride(2) == 0 || grad_output_arg.stride(2) == 1 ? grad_output_arg : torch::stable::contiguous(grad_output_arg);
 
-  const auto options = input.options();
+  const ScalarType dtype = input.scalar_type();
   // The carried gradients of h and c (float for bfloat16), which end as those of h0 and c0.
-  at::Tensor grad_h = state_copy(grad_h_n);
-  at::Tensor grad_c = state_copy(grad_c_n);
-  const auto result = [&](const at::Tensor& grad_input, const at::Tensor& grad_weights, const at::Tensor& grad_bias) {
+  Tensor grad_h = state_copy(grad_h_n);
+  Tensor grad_c = state_copy(grad_c_n);
+  const auto result = [&](const Tensor& grad_input, const Tensor& grad_weights, const Tensor& grad_bias) {
     return std::tuple{grad_input, grad_weights, grad_bias, in_dtype(grad_h, input.scalar_type()),
                       in_dtype(grad_c, input.scalar_type())};
   };
-  at::Tensor grad_weights = at::empty({3 * S, S + I}, options);
-  at::Tensor grad_bias = at::empty({3 * S}, options);
-  at::Tensor grad_input = needs_grad_input ? at::empty({T, B, I}, options) : at::empty({0}, options);
+  Tensor grad_weights = empty({3 * S, S + I}, dtype);
+  Tensor grad_bias = empty({3 * S}, dtype);
+  Tensor grad_input = needs_grad_input ? empty({T, B, I}, dtype) : empty({0}, dtype);
   if (T == 0 || B == 0) {
-    grad_weights.zero_();
-    grad_bias.zero_();
+    torch::stable::zero_(grad_weights);
+    torch::stable::zero_(grad_bias);
     return result(grad_input, grad_weights, grad_bias);
   }
-  at::Tensor grad_gates = at::empty({T, B, 3 * S}, options);
+  Tensor grad_gates = empty({T, B, 3 * S}, dtype);
 
-  AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, input.scalar_type(), op, [&] {
-    using opmath_t = at::opmath_type<scalar_t>;
+  dispatch_floating(input.scalar_type(), op, [&](auto zero) {
+    using scalar_t = decltype(zero);
+    using opmath_t = opmath_type<scalar_t>;
     const scalar_t* w = weights.const_data_ptr<scalar_t>();
     const int64_t ldw = S + I;
     const scalar_t* gates_data = gates.const_data_ptr<scalar_t>();
@@ -783,9 +616,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> sequence_
     const scalar_t* grad_output_data = grad_output.const_data_ptr<scalar_t>();
     const int64_t grad_output_step_stride = grad_output.stride(0), grad_output_row_stride = grad_output.stride(1);
     const bool grad_output_broadcast_row = grad_output.stride(2) == 0;
-    scalar_t* grad_gates_data = grad_gates.data_ptr<scalar_t>();
-    opmath_t* grad_h_data = grad_h.data_ptr<opmath_t>();
-    opmath_t* grad_c_data = grad_c.data_ptr<opmath_t>();
+    scalar_t* grad_gates_data = grad_gates.mutable_data_ptr<scalar_t>();
+    opmath_t* grad_h_data = grad_h.mutable_data_ptr<opmath_t>();
+    opmath_t* grad_c_data = grad_c.mutable_data_ptr<opmath_t>();
     const int64_t* lengths_data = lengths.has_value() ? lengths->const_data_ptr<int64_t>() : nullptr;
 
     const auto step_pass = pointwise_kernels<scalar_t>().sequence_backward;
@@ -848,7 +681,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> sequence_
       const auto w_h = block_operands(partition, /*forward=*/false, B, S, w, ldw, col_begin, col_end);
       run_steps(0, B, col_begin, col_end, *w_h, bias_sums.data(), &barrier, last - first);
     });
-    scalar_t* grad_bias_data = grad_bias.data_ptr<scalar_t>();
+    scalar_t* grad_bias_data = grad_bias.mutable_data_ptr<scalar_t>();
     for (int64_t col = 0; col < 3 * S; ++col) {
       opmath_t sum = 0;
       for (int64_t block = 0; block < bias_rows; ++block) {
@@ -860,7 +693,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> sequence_
     // d_W = sum over steps of d_gates_t^T [h_{t-1} | x_t], over all T*B rows
     // at once.  h_{t-1} is output of the step before (in the direction's
     // order), or h0 for the first step: so the h columns take two GEMMs.
-    scalar_t* grad_weights_data = grad_weights.data_ptr<scalar_t>();
+    scalar_t* grad_weights_data = grad_weights.mutable_data_ptr<scalar_t>();
     const scalar_t* output_data = output.const_data_ptr<scalar_t>();
     const int64_t step_rows = B, later_rows = (T - 1) * B;
     // Forward: step t >= 1 started from output[t-1]; reversed: step t <= T-2 from output[t+1].
@@ -890,26 +723,17 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> sequence_
                          false, grad_weights_data + S, ldw);
     if (needs_grad_input) {
       blas::gemm<scalar_t>(false, false, T * B, I, 3 * S, grad_gates_data, 3 * S, w + S, ldw, false,
-                           grad_input.data_ptr<scalar_t>(), I);
+                           grad_input.mutable_data_ptr<scalar_t>(), I);
     }
   });
   return result(grad_input, grad_weights, grad_bias);
 }
 
-// The GEMM routes chosen so far in this process, one line per shape (see
-// blas.h): for tests, benchmarks and lltm_cpu.gemm_routes().
-std::vector<std::string> gemm_routes() { return blas::gemm_routes(); }
-
 }  // namespace
 
-TORCH_LIBRARY_IMPL(lltm_cpu, CPU, m) {
-  m.impl("sequence_forward", &sequence_forward);
-  m.impl("sequence_backward", &sequence_backward);
-}
-
-// It takes no tensor, so no backend key can select it.
-TORCH_LIBRARY_IMPL(lltm_cpu, CompositeImplicitAutograd, m) {
-  m.impl("gemm_routes", &gemm_routes);
+STABLE_TORCH_LIBRARY_IMPL(lltm_cpu, CPU, m) {
+  m.impl("sequence_forward", TORCH_BOX(&sequence_forward));
+  m.impl("sequence_backward", TORCH_BOX(&sequence_backward));
 }
 
 }  // namespace lltm_cpu

@@ -3,16 +3,21 @@
 // pointwise_impl.h holds the only implementation; pointwise_{default,avx2,
 // avx512}.cpp each compile it for one instruction set into the namespace
 // lltm_cpu::<ISA>, and kernel_common.h picks one at run time.  Nothing here
-// depends on ATen's tensor types, so the ISA-specific files only see raw
-// pointers and at::vec.
+// depends on tensor types, so the ISA-specific files only see raw pointers
+// and lltm-cpu's own vectors (vec.h).
 #pragma once
 
-#include <ATen/OpMathType.h>
-#include <c10/util/BFloat16.h>
+#include <torch/headeronly/util/BFloat16.h>
 
 #include <cstdint>
+#include <type_traits>
 
 namespace lltm_cpu {
+
+// The type a kernel computes and carries state in: float for bfloat16 (as
+// ATen's own bfloat16 kernels do), the type itself otherwise.
+template <typename scalar_t>
+using opmath_type = std::conditional_t<std::is_same_v<scalar_t, c10::BFloat16>, float, scalar_t>;
 
 // One forward call.  Every matrix is row-major and contiguous; S = state_size.
 // scalar_t is float, double or c10::BFloat16 (which the passes compute in float).
@@ -57,7 +62,7 @@ struct BackwardPointers {
 // rounded to bfloat16.
 template <typename scalar_t>
 struct SequenceForwardStep {
-  using opmath_t = at::opmath_type<scalar_t>;
+  using opmath_t = opmath_type<scalar_t>;
   // In: x W_x^T (+ h_{t-1} W_h^T where `recurrent` is nullptr).  Out, when
   // saving for backward (tanh_cell not nullptr): the activated gates
   // [sigmoid(i) | sigmoid(o) | elu(z)], zero for rows past their length.
@@ -85,7 +90,7 @@ struct SequenceForwardStep {
 // as the forward's state.
 template <typename scalar_t>
 struct SequenceBackwardStep {
-  using opmath_t = at::opmath_type<scalar_t>;
+  using opmath_t = opmath_type<scalar_t>;
   // d loss / d output_t, row r at grad_output + r * grad_output_row_stride;
   // along a row the stride is 1, or 0 (one value broadcast, as from output.sum()).
   const scalar_t* grad_output;
@@ -99,7 +104,7 @@ struct SequenceBackwardStep {
   const scalar_t* gates;      // the activated gates SequenceForwardStep saved
   const scalar_t* tanh_cell;  // tanh(c_t)
   scalar_t* grad_gates;       // out: d loss / d pre-activation gates; zero for rows past their length
-  at::opmath_type<scalar_t>* grad_bias;  // (3S): grad_gates summed into its block's columns, over rows (and steps)
+  opmath_type<scalar_t>* grad_bias;  // (3S): grad_gates summed into its block's columns, over rows (and steps)
   const int64_t* lengths;
   int64_t step;
   int64_t rows;

@@ -1,4 +1,4 @@
-// The pointwise passes for any CPU: at::vec's portable implementation,
+// The pointwise passes for any CPU: vec.h's portable vectors,
 // compiled with the baseline flags only.
 #define CPU_CAPABILITY DEFAULT
 #include "pointwise_impl.h"

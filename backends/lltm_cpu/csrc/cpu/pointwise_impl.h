@@ -1,18 +1,14 @@
-// The fused pointwise passes, written once against at::vec::Vectorized.
+// The fused pointwise passes, written once against lltm-cpu's own vectors
+// (vec.h).
 //
 // Only pointwise_<isa>.cpp include this file.  Each first defines
-// CPU_CAPABILITY, the namespace the functions land in (as ATen's own per-ISA
-// kernels do: at::vec's classes live in at::vec::CPU_CAPABILITY too, so the
-// three builds never share a symbol), and CPU_CAPABILITY_AVX2/_AVX512, which
-// select at::vec's intrinsics and SLEEF's vector math.
+// CPU_CAPABILITY, the namespace the functions land in, so that the three
+// builds never share a symbol, and CPU_CAPABILITY_AVX2/_AVX512, which
+// select vec.h's intrinsics.
 
 #ifndef CPU_CAPABILITY
 #error "pointwise_impl.h is included by pointwise_<isa>.cpp, after defining CPU_CAPABILITY"
 #endif
-
-#include <ATen/OpMathType.h>
-#include <ATen/cpu/vec/functional.h>
-#include <ATen/cpu/vec/vec.h>
 
 #include <algorithm>
 #include <cstddef>
@@ -21,36 +17,28 @@
 #include <vector>
 
 #include "pointwise.h"
+#include "vec.h"
 
 namespace lltm_cpu {
 namespace CPU_CAPABILITY {
 namespace {
 
 template <typename scalar_t>
-using Vec = at::vec::Vectorized<scalar_t>;
+using Vec = Vectorized<scalar_t>;
 
 // Loads and stores of up to one vector of `count` elements of a tensor of
 // scalar_t, as vectors of opmath_t, the type the passes compute in: float for
-// bfloat16 (as ATen's own kernels do), scalar_t itself otherwise.  A whole
-// bfloat16 vector converts in registers; a partial one (the end of a row)
-// goes through a small float buffer.
+// bfloat16, scalar_t itself otherwise.
 template <typename scalar_t>
 struct Memory {
-  using opmath_t = at::opmath_type<scalar_t>;
+  using opmath_t = opmath_type<scalar_t>;
   using V = Vec<opmath_t>;
 
   static V load(const scalar_t* ptr, int64_t count) {
     if constexpr (std::is_same_v<scalar_t, opmath_t>) {
       return V::loadu(ptr, count);
     } else {
-      if (count == V::size()) {
-        V widened;
-        at::vec::load_to_float(ptr, widened);
-        return widened;
-      }
-      opmath_t widened[V::size()];
-      at::vec::convert(ptr, widened, count);
-      return V::loadu(widened, count);
+      return load_bfloat16(ptr, count);
     }
   }
 
@@ -58,23 +46,7 @@ struct Memory {
     if constexpr (std::is_same_v<scalar_t, opmath_t>) {
       value.store(ptr, count);
     } else {
-      if (count == V::size()) {
-#if defined(CPU_CAPABILITY_AVX512)
-        if constexpr (std::is_same_v<scalar_t, c10::BFloat16>) {
-          // 16 floats to 16 bfloat16 in one register: a whole vector store, not
-          // the partial one below (a copy through memory), which cost the
-          // bfloat16 sequence forward about a fifth of its time at T64 B16.
-          _mm256_storeu_si256(reinterpret_cast<__m256i*>(ptr), at::vec::CPU_CAPABILITY::cvtfp32_bf16(__m512(value)));
-          return;
-        }
-#endif
-        // Converts two float vectors into one of scalar_t; only the first half is stored.
-        at::vec::convert_from_float<scalar_t>(value, value).store(ptr, count);
-        return;
-      }
-      opmath_t wide[V::size()];
-      value.store(wide, count);
-      at::vec::convert(wide, ptr, count);
+      store_bfloat16(value, ptr, count);
     }
   }
 };
@@ -84,32 +56,31 @@ template <typename scalar_t, size_t n>
 Vec<scalar_t> polynomial(const Vec<scalar_t>& x, const scalar_t (&coefficients)[n]) {
   Vec<scalar_t> result(coefficients[n - 1]);
   for (size_t i = n - 1; i-- > 0;) {
-    result = at::vec::fmadd(result, x, Vec<scalar_t>(coefficients[i]));
+    result = fmadd(result, x, Vec<scalar_t>(coefficients[i]));
   }
   return result;
 }
 
-// exp for float32 vectors, inlined.  at::vec's exp() is a call into SLEEF's
-// expf in libtorch, out of line; the cell's four a vector were 85% of the
-// sequence forward's pointwise pass (one thread's 64 rows x 256 columns of
-// S512 on an AVX-512 AMD EPYC: 50 us a step, 7.5 us with exp taken out).
+// exp for float32 vectors, inlined: a call out of line per vector (SLEEF's
+// expf, as at::vec had it) made the cell's four a vector most of the
+// sequence forward's pointwise pass (see benchmarks/results/cpu_sequence.md).
 // Cody-Waite: x = n ln2 + r with |r| <= ln2/2 (ln2 in two parts, the first
 // exact times any n here), e^r = 1 + r + r^2 (1/2! + r/3! + ... + r^5/7!),
 // whose first omitted term is below 0.1 ulp, then scaled by 2^n.  The clamp
 // keeps inf out of the reduction (inf - inf); past its bounds exp is inf or 0
 // in float32 anyway, and NaN passes through it.  Float64 and the scalar
-// build keep at::vec's exp.
+// build keep the C library's exp, lane by lane (vec.h).
 template <typename scalar_t>
 Vec<scalar_t> exp_inline(const Vec<scalar_t>& x) {
 #if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
   if constexpr (std::is_same_v<scalar_t, float>) {
     using V = Vec<float>;
     static constexpr float kTaylor[] = {1.f / 2, 1.f / 6, 1.f / 24, 1.f / 120, 1.f / 720, 1.f / 5040};
-    const V clamped = at::vec::clamp(x, V(-104.f), V(89.f));
+    const V clamped = clamp(x, V(-104.f), V(89.f));
     const V n = (clamped * V(1.44269504088896341f)).round();
-    V r = at::vec::fmadd(n, V(-0.693145751953125f), clamped);
-    r = at::vec::fmadd(n, V(-1.42860682030941723212e-6f), r);
-    const V e = at::vec::fmadd(r * r, polynomial(r, kTaylor), r) + V(1.f);
+    V r = fmadd(n, V(-0.693145751953125f), clamped);
+    r = fmadd(n, V(-1.42860682030941723212e-6f), r);
+    const V e = fmadd(r * r, polynomial(r, kTaylor), r) + V(1.f);
 #if defined(CPU_CAPABILITY_AVX512)
     return _mm512_scalef_ps(e, n);  // e 2^n, to inf or through the subnormals as exp does
 #else
@@ -134,20 +105,19 @@ Vec<scalar_t> sigmoid(const Vec<scalar_t>& x) {
   return one / (one + exp_inline(x.neg()));
 }
 
-// expm1 and tanh for float32 built on exp, because SLEEF's expm1f and tanhf
-// cost three to five times its expf (measured: the forward pass took 9.2 us
-// at B16 S128 with them, 5.9 us with these).  The exp-based formulas lose
+// expm1 and tanh for float32 built on exp, because separate expm1 and tanh
+// cost three to five times exp (see benchmarks/results/cpu_sequence.md).  The exp-based formulas lose
 // relative precision to cancellation near 0, so there each switches to its
 // Taylor series, truncated where the next term is below 0.2 float32 ulp; both
 // stay within a few ulp everywhere (tests/test_lltm_cpu.py checks).  Float64
-// keeps SLEEF's functions: these series are too short for its precision.
+// keeps the C library's: these series are too short for its precision.
 template <typename scalar_t>
 Vec<scalar_t> expm1_from_exp(const Vec<scalar_t>& x) {
   if constexpr (std::is_same_v<scalar_t, float>) {
     using V = Vec<float>;
     // x + x^2 (1/2! + x/3! + ... + x^6/8!) for |x| < 0.5.
     static constexpr float kTaylor[] = {1.f / 2, 1.f / 6, 1.f / 24, 1.f / 120, 1.f / 720, 1.f / 5040, 1.f / 40320};
-    const V near_zero = at::vec::fmadd(x * x, polynomial(x, kTaylor), x);
+    const V near_zero = fmadd(x * x, polynomial(x, kTaylor), x);
     return V::blendv(exp_inline(x) - V(1.f), near_zero, x.abs() < V(0.5f));
   } else {
     return x.expm1();
@@ -161,7 +131,7 @@ Vec<scalar_t> tanh_from_exp(const Vec<scalar_t>& x) {
     // x + x^3 (-1/3 + x^2 2/15 - ... ) for |x| < 0.3125.
     static constexpr float kTaylor[] = {-1.f / 3, 2.f / 15, -17.f / 315, 62.f / 2835, -1382.f / 155925};
     const V x2 = x * x;
-    const V near_zero = at::vec::fmadd(x * x2, polynomial(x2, kTaylor), x);
+    const V near_zero = fmadd(x * x2, polynomial(x2, kTaylor), x);
     // 1 - 2 / (exp(2x) + 1) saturates cleanly: exp overflowing gives 1, underflowing -1.
     const V one(1.f);
     const V elsewhere = one - V(2.f) / (exp_inline(x + x) + one);
@@ -185,7 +155,7 @@ CellForward<V> cell_forward(const V& input_pre, const V& output_pre, const V& ca
   out.output_gate = sigmoid(output_pre);
   // elu with alpha = 1.
   out.candidate = V::blendv(expm1_from_exp(candidate_pre), candidate_pre, candidate_pre > V(0));
-  out.new_cell = at::vec::fmadd(out.candidate, out.input_gate, old_cell);
+  out.new_cell = fmadd(out.candidate, out.input_gate, old_cell);
   out.tanh_cell = tanh_from_exp(out.new_cell);
   return out;
 }
@@ -204,7 +174,7 @@ CellBackward<V> cell_backward(const V& grad_h, const V& grad_cell, const V& tanh
   const V one(1);
   CellBackward<V> out;
   // new_h = tanh(new_cell) * output_gate, new_cell = old_cell + candidate * input_gate.
-  out.grad_new_cell = at::vec::fmadd((one - tanh_cell * tanh_cell) * output_gate, grad_h, grad_cell);
+  out.grad_new_cell = fmadd((one - tanh_cell * tanh_cell) * output_gate, grad_h, grad_cell);
   // Back through the activations: sigmoid' = s (1 - s); elu'(u) is 1 for
   // u > 0 and exp(u) = elu(u) + 1 otherwise, so it needs only elu's output.
   out.grad_input = candidate * out.grad_new_cell * input_gate * (one - input_gate);

@@ -1,0 +1,136 @@
+"""lltm-cpu's operator library as a file: stable ABI only, no Python, no debug sections, and
+checked before it is loaded (a damaged copy makes the backend unavailable, never the process die)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+import lltm_cpu
+
+LIBRARY = Path(lltm_cpu.library_path())
+
+
+def tool(name: str) -> str:
+    path = shutil.which(name)
+    if path is None:
+        pytest.skip(f"{name} is not installed (binutils), so the library's symbols cannot be listed")
+    return path
+
+
+def test_library_path_is_the_loaded_library():
+    assert LIBRARY.is_file() and LIBRARY.parent == Path(lltm_cpu.__file__).parent, LIBRARY
+    run = subprocess.run([sys.executable, "-m", "lltm_cpu", "--library"], capture_output=True, text=True, check=True)
+    assert run.stdout.strip() == str(LIBRARY)
+
+
+# A demangled C++ name in one of these namespaces is torch's C++ ABI, which changes between
+# releases; the stable ABI is C functions (aoti_torch_*, torch_*) and header-only code.
+TORCH_CPP_NAMESPACES = ("c10::", "at::", "torch::", "caffe2::", "aoti::")
+
+
+def test_no_torch_cpp_symbols():
+    undefined = subprocess.run([tool("nm"), "-D", "--undefined-only", "-C", str(LIBRARY)], capture_output=True,
+                               text=True, check=True).stdout.splitlines()
+    names = [line.split(None, 1)[1].strip() for line in undefined if line.strip()]  # "U name" / "w name"
+    cpp = [name for name in names if any(namespace in name for namespace in TORCH_CPP_NAMESPACES)]
+    assert not cpp, f"C++ symbols of torch's own ABI in {LIBRARY.name}: {cpp}"
+    # What it does take from torch: the C shim and the stable C API.
+    assert any(name.startswith("aoti_torch_") for name in names) and "torch_library_impl" in names, names
+
+
+def test_needs_no_python_and_has_no_debug_sections():
+    dynamic = subprocess.run([tool("readelf"), "-d", str(LIBRARY)], capture_output=True, text=True,
+                             check=True).stdout
+    needed = [line.split("[")[1].rstrip("]") for line in dynamic.splitlines() if "(NEEDED)" in line]
+    assert not any("python" in library for library in needed), needed
+    sections = subprocess.run([tool("readelf"), "-S", "-W", str(LIBRARY)], capture_output=True, text=True,
+                              check=True).stdout
+    assert ".debug_" not in sections, f"{LIBRARY.name} carries debug sections"
+    assert LIBRARY.stat().st_size < 4 * 2**20, LIBRARY.stat().st_size
+
+
+LOADER = r"""
+#include <dlfcn.h>
+#include <stdio.h>
+#include <string.h>
+int main(int argc, char** argv) {
+  if (!dlopen(argv[1], RTLD_NOW | RTLD_GLOBAL)) { fprintf(stderr, "%s\n", dlerror()); return 1; }
+  FILE* maps = fopen("/proc/self/maps", "r");
+  char line[4096];
+  while (fgets(line, sizeof line, maps)) {
+    if (strstr(line, "libpython") || strstr(line, "libtorch_python")) { fprintf(stderr, "mapped: %s", line); return 2; }
+  }
+  puts("loaded");
+  return 0;
+}
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="dlopen and /proc/self/maps: Linux")
+def test_loads_with_dlopen_now_in_a_program_without_python(tmp_path):
+    """A C program (no libpython at all) loads the library with RTLD_NOW: every symbol it needs
+    comes from torch's C++ libraries, and its operators register as it loads."""
+    compiler = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
+    if compiler is None:
+        pytest.skip("no C compiler to build the loader program")
+    source = tmp_path / "loader.c"
+    source.write_text(LOADER)
+    program = tmp_path / "loader"
+    subprocess.run([compiler, str(source), "-o", str(program), "-ldl"], check=True)
+    torch_lib = Path(torch.__file__).parent / "lib"
+    env = {**os.environ, "LD_LIBRARY_PATH": f"{torch_lib}:{os.environ.get('LD_LIBRARY_PATH', '')}"}
+    run = subprocess.run([str(program), str(LIBRARY)], capture_output=True, text=True, env=env)
+    assert run.returncode == 0 and run.stdout.strip() == "loaded", run.stderr
+
+
+_DAMAGED_PROBE = textwrap.dedent("""
+    import json, torch, lltm_core, lltm_cpu
+    report = {r["name"]: r for r in lltm_core.backend_report()}
+    available = lltm_core.available_backends()
+    inputs = [torch.randn(2, 3), torch.randn(12, 7), torch.randn(12), torch.randn(2, 4), torch.randn(2, 4)]
+    h, c = lltm_core.lltm(*inputs)
+    print(json.dumps({"module": lltm_cpu.__file__, "status": report["cpu"]["status"],
+                      "reason": report["cpu"]["reason"], "available": available,
+                      "answered_by": lltm_core.get_backend(dtype=torch.float32).name, "finite": bool(h.isfinite().all())}))
+""")
+
+
+@pytest.mark.parametrize("cut", ["4KiB", "half", "one-byte-short", "same-size-other-bytes"])
+def test_damaged_library_is_unavailable_not_fatal_in_subprocess(tmp_path, cut):
+    """A truncated or overwritten library, as an interrupted install leaves it: the process survives,
+    lltm-cpu is unavailable with the reason, backend_report() and available_backends() work, and a
+    call is answered by lltm-ref."""
+    copy = tmp_path / "lltm_cpu"
+    shutil.copytree(LIBRARY.parent, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    library = copy / LIBRARY.name
+    data = library.read_bytes()
+    size = len(data)
+    if cut == "same-size-other-bytes":
+        library.write_bytes(data[: size // 2] + bytes(size - size // 2))
+    else:
+        keep = {"4KiB": 4096, "half": size // 2, "one-byte-short": size - 1}[cut]
+        library.write_bytes(data[:keep])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+    env.pop("LLTM_CPU_JIT", None)
+    run = subprocess.run([sys.executable, "-c", _DAMAGED_PROBE], capture_output=True, text=True, env=env,
+                         timeout=300)
+    assert run.returncode == 0, f"exit {run.returncode}:\n{run.stderr[-3000:]}"
+    import json
+
+    result = json.loads(run.stdout.splitlines()[-1])
+    assert result["module"].startswith(str(copy)), result  # the damaged copy was the one imported
+    assert result["status"] == "unavailable" and "cpu" not in result["available"], result
+    if cut == "same-size-other-bytes":
+        assert "the library is damaged" in result["reason"] and "reinstall lltm-cpu" in result["reason"], result
+    else:
+        assert f"the library is damaged (expected {size} bytes, found {library.stat().st_size}): reinstall lltm-cpu" \
+            in result["reason"], result
+    assert result["answered_by"] == "ref" and result["finite"], result
