@@ -151,6 +151,10 @@ def cuda_emulated(session):
     launch run serially (LLTM_CUDA_EMULATE=1, the test-only backend cuda_emulated), then the kit in
     every dtype lltm-cuda declares, lltm-cuda's tests that need no device, and the planted defects.
 
+    Then torch in the same venv becomes the newer TORCH_CUDA (2.14.1) and the library built on
+    TORCH_CPU (2.13.0) runs again, not rebuilt: the stable ABI's promise (one build for every torch
+    from 2.10 on), checked by its load and symbol tests and the kit's sequence tests.
+
     What this cannot see (the device, cuBLAS, real concurrency, streams) is the GPU check's:
     benchmarks/gpu_check.sh.
     """
@@ -165,6 +169,13 @@ def cuda_emulated(session):
     session.run("lltm", "info")
     _pytest(session, "--pyargs", "lltm_core.testing", "--lltm-backend", "cuda_emulated")
     _pytest(session, str(ROOT / "backends/lltm_cuda/tests"))
+    # pip replaces torch only: lltm-cuda-emulated stays as built, against the older torch.
+    session.install(TORCH_CUDA)
+    session.run("python", "-m", "pip", "check")
+    session.run("lltm", "info")
+    _pytest(session, str(ROOT / "backends/lltm_cuda/tests/test_library.py"),
+            str(ROOT / "backends/lltm_cuda/tests/test_emulation.py"))
+    _pytest(session, "--pyargs", "lltm_core.testing.test_sequence", "--lltm-backend", "cuda_emulated")
 
 
 @_session
