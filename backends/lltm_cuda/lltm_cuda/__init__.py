@@ -109,6 +109,9 @@ def _load_library() -> None:
     variant = os.environ.get(ENV_EMULATED_LIBRARY) if EMULATED else None
     # dlopen runs the library's STABLE_TORCH_LIBRARY registrations; loading twice is a no-op.
     torch.ops.load_library(variant or library_path())
+    from . import _fake
+
+    _fake.register()  # the operators' shapes for FakeTensorMode, torch.compile and torch.export
 
 
 def _cuda_major(version: str | None) -> str | None:
