@@ -230,6 +230,9 @@ def device_torch(session):
     The H200 that runs benchmarks/gpu_check.sh has torch 2.11.0+cu130 and nothing can be installed
     there, so the sources must build and pass against that torch as they are.  This runs the GPU
     check's dry run (lltm-cuda built with nvcc, its GPU-free tests) and the CPU tests under it.
+    With LLTM_CUDA_WHEEL set (the wheel benchmarks/build_gpu_wheel.sh writes, built with a newer
+    torch) the dry run installs that wheel instead, as the GPU check then does: its library
+    must load (dlopen RTLD_NOW, test_library.py) on this older torch.
     """
     session.install(TORCH_DEVICE, *BUILD_TOOLS, *TEST_TOOLS)
     python = str(Path(session.bin) / "python")

@@ -7,7 +7,7 @@
 # PYTHON must have a CUDA build of torch >= 2.10 whose CUDA major is the GPU machine's torch's
 # (the library is on torch's stable ABI: one build loads on every torch >= 2.10 of that CUDA
 # major), plus setuptools, wheel and ninja; nvcc of that major must be found (setup.py looks).
-# TORCH_CUDA_ARCH_LIST defaults to 9.0 (Hopper: the H200), one architecture, so the wheel is
+# TORCH_CUDA_ARCH_LIST defaults to 9.0 (Hopper, sm_90), one architecture, so the wheel is
 # small enough to travel with the working tree.  Writes wheelhouse/gpu/lltm_cuda-*.whl (git
 # ignores wheelhouse/) and prints its path and size; a previous wheel there is replaced.
 set -euo pipefail

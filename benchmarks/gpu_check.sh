@@ -6,7 +6,7 @@
 # built here against the machine's torch (with whatever CUDA_HOME the machine has: unset,
 # setup.py finds the toolkit itself, as for a user),
 # run the conformance kit (the cell and the sequence) on CUDA in all four dtypes, lltm-cuda's
-# own GPU tests, and benchmarks/bench_gpu.py: the sequence against cuDNN's nn.LSTM (with the
+# own GPU tests, an AOTInductor package of its operators, and benchmarks/bench_gpu.py: the sequence against cuDNN's nn.LSTM (with the
 # CUDA-graph launch-cost measurement, and contract v3's inference: a torch.no_grad() forward
 # against nn.LSTM's and the peak GPU memory it adds, held to 1.25x input + output), then the cell.
 # The kit and lltm-cuda's tests check v3 too (needs_backward=False, the inference memory bound).
@@ -140,6 +140,10 @@ print(\"lltm-cuda built with torch\", b.TORCH_VERSION, \"for torch >=\", b.TARGE
     LLTM_REQUIRE_GPU=$([[ -n $NO_GPU ]] && echo 0 || echo 1) \
         step gpu-tests 120 "$PYTHON" -m pytest -p no:cacheprovider -q -rs backends/lltm_cuda/tests \
         --lltm-seed "$LLTM_SEED" || true
+    # lltm-cuda's operators exported (dynamic batch and time) and compiled by AOTInductor into a
+    # package that calls them, run at other sizes against lltm-ref.
+    LLTM_CUDA_TEST_AOTI=1 step aoti 120 "$PYTHON" -m pytest -p no:cacheprovider -q -rs \
+        backends/lltm_cuda/tests/test_export.py -k aoti --lltm-seed "$LLTM_SEED" || true
     # The sequence first: it is bounded (about a minute); the cell's torch.compile is what may overrun.
     step benchmark-sequence 120 "$PYTHON" benchmarks/bench_gpu.py --part sequence \
         --markdown "$STEP_LOGS/bench_sequence.md" || true
