@@ -200,6 +200,10 @@ def cuda_emulated(session):
     launch run serially (LLTM_CUDA_EMULATE=1, the test-only backend cuda_emulated), then the kit in
     every dtype lltm-cuda declares, lltm-cuda's tests that need no device, and the planted defects.
 
+    Then torch in the same venv becomes the newer TORCH_CUDA (2.14.1) and the library built on
+    TORCH_CPU (2.13.0) runs again, not rebuilt: the stable ABI's promise (one build for every torch
+    from 2.10 on), checked by its load, symbol and tracing tests and the kit's sequence comparisons.
+
     What this cannot see (the device, cuBLAS, real concurrency, streams) is the GPU check's:
     benchmarks/gpu_check.sh.
     """
@@ -214,6 +218,16 @@ def cuda_emulated(session):
     session.run("lltm", "info")
     _pytest(session, "--pyargs", "lltm_core.testing", "--lltm-backend", "cuda_emulated")
     _pytest(session, str(ROOT / "backends/lltm_cuda/tests"))
+    # pip replaces torch only: lltm-cuda-emulated stays as built, against the older torch.
+    session.install(TORCH_CUDA)
+    session.run("python", "-m", "pip", "check")
+    session.run("lltm", "info")
+    # A selection, to keep CI's time: the library and tracing tests, and the kit's sequence
+    # comparisons in a full-width and a half type (the opmath path).
+    _pytest(session, str(ROOT / "backends/lltm_cuda/tests/test_library.py"),
+            str(ROOT / "backends/lltm_cuda/tests/test_export.py"))
+    _pytest(session, "--pyargs", "lltm_core.testing.test_sequence", "--lltm-backend", "cuda_emulated",
+            "--lltm-dtype", "float32", "--lltm-dtype", "bfloat16", "-k", "lltm_sequence_matches or layer_matches")
 
 
 @_session
@@ -268,6 +282,9 @@ def device_torch(session):
     The GPU machine that runs benchmarks/gpu_check.sh (an H200) has torch 2.11.0+cu130 preinstalled and
     installs nothing, so the sources must build and pass against that torch as they are.  This runs the GPU
     check's dry run (lltm-cuda built with nvcc, its GPU-free tests) and the CPU tests under it.
+    With LLTM_CUDA_WHEEL set (the wheel benchmarks/build_gpu_wheel.sh writes, built with a newer
+    torch) the dry run installs that wheel instead, as the GPU check then does: its library
+    must load (dlopen RTLD_NOW, test_library.py) on this older torch.
     """
     session.install(TORCH_DEVICE, *BUILD_TOOLS, *TEST_TOOLS)
     python = str(Path(session.bin) / "python")

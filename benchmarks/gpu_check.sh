@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # Every GPU check of lltm-cuda in one run, sized for one device call (about 8 minutes):
-# build lltm-core, lltm-ref and lltm-cuda from this tree against the machine's torch (with
-# whatever CUDA_HOME the machine has: unset, setup.py finds the toolkit itself, as for a user),
+# install lltm-core and lltm-ref from this tree and lltm-cuda either from a wheel built elsewhere
+# (LLTM_CUDA_WHEEL: its library is on torch's stable ABI, so a wheel built with a newer torch of
+# the same CUDA major loads on the machine's, and no device time goes on nvcc) or, without one,
+# built here against the machine's torch (with whatever CUDA_HOME the machine has: unset,
+# setup.py finds the toolkit itself, as for a user),
 # run the conformance kit (the cell and the sequence) on CUDA in all four dtypes, lltm-cuda's
-# own GPU tests, and benchmarks/bench_gpu.py: the sequence against cuDNN's nn.LSTM (with the
+# own GPU tests, an AOTInductor package of its operators, and benchmarks/bench_gpu.py: the sequence against cuDNN's nn.LSTM (with the
 # CUDA-graph launch-cost measurement, and contract v3's inference: a torch.no_grad() forward
 # against nn.LSTM's and the peak GPU memory it adds, held to 1.25x input + output), then the cell.
 # The kit and lltm-cuda's tests check v3 too (needs_backward=False, the inference memory bound).
@@ -18,8 +21,10 @@
 # torch, nvcc, ninja, pytest; nothing from the network.  Give the command a wall-clock limit of
 # about GPU_CHECK_SECONDS + 60.
 #
-# Environment: PYTHON (default python3), TORCH_CUDA_ARCH_LIST (default 9.0: one
-# architecture keeps the build short), GPU_CHECK_SECONDS (default 480: the whole run's
+# Environment: PYTHON (default python3), LLTM_CUDA_WHEEL (an lltm-cuda wheel to install, a path
+# from the repository's root or absolute, e.g. the one benchmarks/build_gpu_wheel.sh writes;
+# installed with --no-deps --no-index, the machine having no network), TORCH_CUDA_ARCH_LIST
+# (default 9.0: one architecture keeps the build short; not used with a wheel), GPU_CHECK_SECONDS (default 480: the whole run's
 # budget; each step gets at most what is left), DRY_RUN=1 (go on without a GPU, to try
 # every step on a CPU machine: the GPU tests and the benchmark then skip), GPU_CHECK_SITE=1
 # (install into a temporary folder on PYTHONPATH, as happens anyway where the interpreter's
@@ -76,11 +81,21 @@ step() {
     [[ $status != FAIL* ]]
 }
 
+# What pip installs as lltm-cuda: the wheel LLTM_CUDA_WHEEL names, else the source tree (built here).
+cuda_dist() {
+    if [[ -n ${LLTM_CUDA_WHEEL:-} ]]; then
+        readlink -f "$LLTM_CUDA_WHEEL"
+    else
+        echo ./backends/lltm_cuda
+    fi
+}
+
 environment() {
     date -u +"%Y-%m-%d %H:%M UTC"
     nvidia-smi || echo "nvidia-smi: not available"
     "$NVCC" --version || echo "$NVCC: not found (CUDA_HOME=${CUDA_HOME:-unset})"
     "$PYTHON" -c 'import sys, torch; print("python", sys.version.split()[0], "| torch", torch.__version__, "| CUDA", torch.version.cuda, "| GPU visible:", torch.cuda.is_available())'
+    echo "lltm-cuda from: $(cuda_dist)"
 }
 
 checks() {
@@ -104,14 +119,19 @@ checks() {
         export PYTHONPATH=$site${PYTHONPATH:+:$PYTHONPATH}
         echo "installing into $site (on PYTHONPATH), not $PYTHON's site-packages"
     fi
+    if [[ -n ${LLTM_CUDA_WHEEL:-} && ! -f $LLTM_CUDA_WHEEL ]]; then
+        echo "gpu_check.sh: LLTM_CUDA_WHEEL=$LLTM_CUDA_WHEEL is not a file (a path from the repository's root, or absolute)"
+        return 2
+    fi
     if [[ ${GPU_CHECK_ONLY:-} == triton ]]; then  # lltm-triton's section alone: see triton_checks
         triton_checks
         return
     fi
-    # Without the three packages nothing else can run.  The last line names the toolkit used.
+    # Without the three packages nothing else can run.  The last line names the build installed.
     step build 200 bash -c '"$0" -m pip install "$@" && "$0" -c "from lltm_cuda import _build_info as b
-print(\"lltm-cuda built for torch\", b.TORCH_VERSION, \"arch\", b.ARCH_LIST, \"with the CUDA toolkit at\", b.CUDA_HOME)"' \
-        "$PYTHON" "${site_args[@]}" --no-build-isolation --no-deps --no-index . ./backends/lltm_ref ./backends/lltm_cuda \
+print(\"lltm-cuda built with torch\", b.TORCH_VERSION, \"for torch\", b.TARGET_TORCH, \"and newer, CUDA\", b.CUDA_VERSION,
+      \"arch\", b.ARCH_LIST, \"with the CUDA toolkit at\", b.CUDA_HOME)"' \
+        "$PYTHON" "${site_args[@]}" --no-build-isolation --no-deps --no-index . ./backends/lltm_ref "$(cuda_dist)" \
         || return 1
     step conformance-kit 150 "$PYTHON" -m pytest -p no:cacheprovider -q -rs --pyargs lltm_core.testing \
         --lltm-backend cuda --lltm-device cuda --lltm-seed "$LLTM_SEED" \
@@ -120,6 +140,10 @@ print(\"lltm-cuda built for torch\", b.TORCH_VERSION, \"arch\", b.ARCH_LIST, \"w
     LLTM_REQUIRE_GPU=$([[ -n $NO_GPU ]] && echo 0 || echo 1) \
         step gpu-tests 120 "$PYTHON" -m pytest -p no:cacheprovider -q -rs backends/lltm_cuda/tests \
         --lltm-seed "$LLTM_SEED" || true
+    # lltm-cuda's operators exported (dynamic batch and time) and compiled by AOTInductor into a
+    # package that calls them, run at other sizes against lltm-ref.
+    LLTM_CUDA_TEST_AOTI=1 step aoti 120 "$PYTHON" -m pytest -p no:cacheprovider -q -rs \
+        backends/lltm_cuda/tests/test_export.py -k aoti --lltm-seed "$LLTM_SEED" || true
     # The sequence first: it is bounded (about a minute); the cell's torch.compile is what may overrun.
     step benchmark-sequence 120 "$PYTHON" benchmarks/bench_gpu.py --part sequence \
         --markdown "$STEP_LOGS/bench_sequence.md" || true
@@ -145,7 +169,7 @@ triton_checks() {
         if [[ -n $NO_GPU ]] && ! "$PYTHON" -c 'import sys, torch; sys.exit(torch.version.cuda is None)'; then
             echo "DRY_RUN=1 with a CPU-only torch: lltm-cuda is not built; the comparison runs without it."
         else
-            dists+=(./backends/lltm_cuda)
+            dists+=("$(cuda_dist)")
         fi
     fi
     step triton-build 200 bash -c '"$0" -m pip install "$@" && "$0" -c "import triton, lltm_triton
@@ -172,7 +196,7 @@ report() {
         REPORT_HEAD=(
             "# lltm-cuda GPU check: ${gpu%%,*}"
             ""
-            "Command: \`bash benchmarks/gpu_check.sh\` (TORCH_CUDA_ARCH_LIST=$TORCH_CUDA_ARCH_LIST), $(date -u +"%Y-%m-%d %H:%M UTC")."
+            "Command: \`bash benchmarks/gpu_check.sh\` ($([[ -n ${LLTM_CUDA_WHEEL:-} ]] && echo "LLTM_CUDA_WHEEL=$LLTM_CUDA_WHEEL" || echo "TORCH_CUDA_ARCH_LIST=$TORCH_CUDA_ARCH_LIST")), $(date -u +"%Y-%m-%d %H:%M UTC")."
             "$("$PYTHON" -c 'import torch; print(f"torch {torch.__version__} (CUDA {torch.version.cuda})")' 2>&1), nvcc $("$NVCC" --version 2>/dev/null | grep -o 'release [0-9.]*' || echo '?'), driver ${gpu#*, }."
             "Seed of the kit and of lltm-cuda's tests: $LLTM_SEED (LLTM_SEED=$LLTM_SEED repeats it)."
         )

@@ -104,4 +104,44 @@ def damaged_library(path, expected_size: int, expected_sha256: str, distribution
         return f"the library {path} cannot be read ({exc}): reinstall {distribution}"
     if digest.hexdigest() != expected_sha256:
         return f"the library is damaged (its contents differ from the build's, {found} bytes): reinstall {distribution}"
+
+
+# What a backend built on torch's stable ABI checks before loading its library: the running torch
+# is at least the version the library targets, and the library is the file its build recorded
+# (an interrupted install or a full disk leaves a truncated one, which dlopen may crash on).
+
+
+def torch_older_than(target: str, distribution: str) -> str | None:
+    """``None`` if the running torch is ``target`` ("2.10") or newer, else what to do."""
+    running = torch.__version__
+    release = tuple(int(part) for part in running.split("+")[0].split(".")[:2])
+    if release >= tuple(int(part) for part in target.split(".")[:2]):
+        return None
+    return (f"{distribution} needs torch {target} or newer (its library is built on torch's stable ABI for "
+            f"torch >= {target}), running {running}: upgrade torch, e.g. pip install 'torch>={target}'")
+
+
+def library_fingerprint(path) -> tuple[int, str]:
+    """(size in bytes, BLAKE2b-128 hex digest) of the file at ``path``: a few milliseconds for a library.
+
+    A backend's setup.py records the same pair at build time (it cannot import lltm_core, so it
+    repeats these three lines; the backend's tests check that the two agree)."""
+    import hashlib
+    from pathlib import Path
+
+    data = Path(path).read_bytes()
+    return len(data), hashlib.blake2b(data, digest_size=16).hexdigest()
+
+
+def library_damage(path, size: int, digest: str, distribution: str) -> str | None:
+    """``None`` if the library at ``path`` is the one recorded at build time, else why not and what to do."""
+    import os
+
+    if not os.path.isfile(path):
+        return f"the library is missing (expected {path}): reinstall {distribution}"
+    found = os.path.getsize(path)
+    if found != size:
+        return f"the library is damaged (expected {size} bytes, found {found}): reinstall {distribution}"
+    if library_fingerprint(path)[1] != digest:
+        return f"the library is damaged (its content differs from the build's record): reinstall {distribution}"
     return None

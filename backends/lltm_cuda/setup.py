@@ -1,5 +1,11 @@
 """Build lltm-cuda: the LLTM's pointwise math as fused CUDA kernels, GEMMs through cuBLAS.
 
+The library uses only torch's stable ABI (STABLE_TORCH_LIBRARY, torch::stable::Tensor, the C
+shim), compiled with TORCH_TARGET_VERSION set to torch 2.10 (TARGET_TORCH): so one build loads on
+every torch from 2.10 on that has the CUDA major version it was built with, and the wheel asks
+for torch>=2.10, never for the torch that built it.  It holds no Python module: lltm_cuda loads it
+with torch.ops.load_library, and a C++ program can dlopen it without libpython.
+
 What decides whether it builds is the toolchain: the CUDA toolkit and a CUDA
 build of torch with the same CUDA major version.  A visible GPU plays no part,
 so wheels build on GPU-less machines and CI.
@@ -36,6 +42,14 @@ HERE = Path(__file__).resolve().parent
 # One version for every lltm distribution: the repository's VERSION file.
 VERSION = (HERE.parents[1] / "VERSION").read_text().strip()
 DEFAULT_ARCH_LIST = "8.0;9.0+PTX"
+# The oldest torch the library is built for: the stable ABI's version of it, and the wheel's floor.
+TARGET_TORCH = (2, 10)
+# Any ATen/c10 header is an #error under it (torch/csrc/stable/version.h reads the value).
+TARGET_MACRO = f"-DTORCH_TARGET_VERSION=0x{TARGET_TORCH[0]:02x}{TARGET_TORCH[1]:02x}000000000000"
+# Release builds: no debug sections (Python's own CFLAGS carry -g), and only the registrations
+# (static initialisers) are needed from outside, so nothing else is exported.
+CXX_FLAGS = [TARGET_MACRO, "-fvisibility=hidden", "-g0"]
+LINK_FLAGS = ["-Wl,--strip-debug"]
 # Where CUDA's installers put toolkits, looked at in this order (newest release first within a glob).
 CONVENTIONAL_ROOTS = ("/usr/local/cuda", "/usr/local/cuda-*", "/opt/cuda")
 
@@ -182,16 +196,39 @@ def toolchain_problems(torch_version: str, torch_cuda: str | None, cuda_home: st
     return problems
 
 
-def build_info(torch_version: str, arch_list: str, cuda_home: str = "", emulated: bool = False) -> str:
-    # Read by lltm_cuda at import, before it loads the compiled library: an
-    # extension built for another torch must be reported, not loaded.
+def library_fingerprint(path) -> tuple[int, str]:
+    """(size in bytes, BLAKE2b-128 hex digest) of a file: what _build_info records of the library.
+
+    The same computation as lltm_core.extension.library_fingerprint, which checks it at load time
+    (setup.py cannot import lltm_core: an isolated build has no lltm-core)."""
+    import hashlib
+
+    data = Path(path).read_bytes()
+    return len(data), hashlib.blake2b(data, digest_size=16).hexdigest()
+
+
+def build_info(torch_version: str, arch_list: str, cuda_home: str = "", emulated: bool = False,
+               cuda_version: str | None = None) -> str:
+    # Read by lltm_cuda at import, before it loads the compiled library: a torch older than the
+    # target, another CUDA major, or a damaged library must be reported, not loaded.  The
+    # library's own record (LIBRARY, LIBRARY_SIZE, LIBRARY_DIGEST) is appended once it is linked.
     return (
-        "# Written by setup.py beside the library it built: what lltm_cuda._C was compiled against.\n"
-        f"TORCH_VERSION = {torch_version!r}\n"
+        "# Written by setup.py beside the library it built: what lltm_cuda's library was compiled against.\n"
+        f"TORCH_VERSION = {torch_version!r}  # the torch that built it\n"
+        f"TARGET_TORCH = {'.'.join(map(str, TARGET_TORCH))!r}  # the oldest torch it loads on (stable ABI)\n"
+        f"CUDA_VERSION = {cuda_version!r}  # the building torch's CUDA; its major must be the running torch's\n"
         f"ARCH_LIST = {arch_list!r}\n"
         f"CUDA_HOME = {cuda_home!r}\n"
         + ("EMULATED = True  # LLTM_CUDA_EMULATE=1: the kernels compiled for the CPU, test-only\n" if emulated else "")
     )
+
+
+def library_record(path) -> str:
+    """The lines of _build_info.py that let lltm_cuda check its library before loading it."""
+    size, digest = library_fingerprint(path)
+    return (f"LIBRARY = {Path(path).name!r}\n"
+            f"LIBRARY_SIZE = {size}  # bytes\n"
+            f"LIBRARY_DIGEST = {digest!r}  # BLAKE2b-128 of the whole file\n")
 
 
 # The sources of both builds: the emulated one reaches the same .cu files through csrc/emulation/*.cpp.
@@ -220,7 +257,8 @@ def build_ext_writing(info: str, base):
             # Now that setuptools has copied the library into the source tree if
             # this is an editable install, get_ext_fullpath names where it lies.
             for ext in self.extensions:
-                Path(self.get_ext_fullpath(ext.name)).with_name("_build_info.py").write_text(info)
+                library = Path(self.get_ext_fullpath(ext.name))
+                library.with_name("_build_info.py").write_text(info + library_record(library))
 
     return BuildExtensionWithInfo
 
@@ -234,8 +272,8 @@ def setup_kwargs(torch_version: str, cpp_extension, build_base: str = "build") -
     return {
         "version": VERSION,
         "python_requires": f">={oldest_python}",
-        # The compiled library links against this exact torch's C++ ABI.
-        "install_requires": [f"lltm-core=={VERSION}", f"torch=={torch_version.split('+')[0]}"],
+        # The stable ABI: any torch from the target on (the CUDA major is checked at load time).
+        "install_requires": [f"lltm-core=={VERSION}", f"torch>={'.'.join(map(str, TARGET_TORCH))}"],
         "options": {"bdist_wheel": {"py_limited_api": "cp" + oldest_python.replace(".", "")},
                     "build": {"build_base": build_base}},
     }
@@ -268,7 +306,8 @@ def main_emulated() -> None:
                 depends=KERNEL_HEADERS + KERNEL_SOURCES,
                 define_macros=[("LLTM_CUDA_EMULATE", None)],
                 # -O1: the kit runs in seconds either way, and the build is what CI waits for.
-                extra_compile_args={"cxx": ["-O1", "-Wno-unknown-pragmas"]},
+                extra_compile_args={"cxx": ["-O1", "-Wno-unknown-pragmas", *CXX_FLAGS]},
+                extra_link_args=LINK_FLAGS,
                 py_limited_api=True,
             )
         ],
@@ -310,7 +349,8 @@ def main() -> None:
     # build for the visible GPU and leave the record saying '').
     if not os.environ.get("TORCH_CUDA_ARCH_LIST", "").strip():
         os.environ["TORCH_CUDA_ARCH_LIST"] = DEFAULT_ARCH_LIST
-    info = build_info(torch.__version__, os.environ["TORCH_CUDA_ARCH_LIST"], cuda_home)
+    info = build_info(torch.__version__, os.environ["TORCH_CUDA_ARCH_LIST"], cuda_home,
+                      cuda_version=torch.version.cuda)
 
     setup(
         name="lltm-cuda",
@@ -321,10 +361,13 @@ def main() -> None:
                 "lltm_cuda._C",
                 ["csrc/lltm.cpp", *KERNEL_SOURCES],
                 depends=KERNEL_HEADERS,
-                extra_compile_args={"cxx": ["-O3"], "nvcc": ["-O3"]},
-                # No pybind11 (ops register through TORCH_LIBRARY), so the
-                # library needs only the stable Python ABI: one abi3 wheel.
-                # BuildExtension defines Py_LIMITED_API to match.
+                # USE_CUDA: the C shim declares its CUDA functions (the current stream) only under it.
+                define_macros=[("USE_CUDA", None)],
+                extra_compile_args={"cxx": ["-O3", *CXX_FLAGS],
+                                    "nvcc": ["-O3", TARGET_MACRO, "-Xcompiler", "-fvisibility=hidden"]},
+                extra_link_args=LINK_FLAGS,
+                # No Python at all in the library (it is loaded with torch.ops.load_library), and
+                # py_limited_api keeps torch from linking libtorch_python: one abi3 wheel.
                 py_limited_api=True,
             )
         ],

@@ -1,22 +1,16 @@
-// The operator schemas of lltm-cuda, and the empty Python module whose import loads them.
-// The CUDA implementations are registered in cuda/lltm_kernels.cu (the step) and
-// cuda/lltm_sequence.cu (a whole sequence).
-#include <Python.h>
-#include <torch/library.h>
-
-// `import lltm_cuda._C` loads this library, which runs the TORCH_LIBRARY
-// registrations below.  No pybind11: the module only uses the stable Python
-// ABI, so one abi3 build serves every Python from torch's oldest supported on.
-PyMODINIT_FUNC PyInit__C(void) {
-  static PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_C", nullptr, -1, nullptr};
-  return PyModule_Create(&module_def);
-}
+// The operator schemas of lltm-cuda.  The CUDA implementations are registered in
+// cuda/lltm_kernels.cu (the step) and cuda/lltm_sequence.cu (a whole sequence).
+//
+// No Python here: lltm_cuda/__init__.py loads this library with torch.ops.load_library, whose
+// dlopen runs the registrations, so a C++ program (an AOTInductor runner) loads it the same way
+// with no libpython in the process.
+#include <torch/csrc/stable/library.h>
 
 // The saved tensors (X, gates, tanh_cell; for a sequence gates, tanh_cell) are the ones
 // lltm_cuda.saved_layout and lltm_cuda.sequence_saved_layout declare.  sequence_forward with
 // needs_backward=False (contract v3, inference) returns them empty; its default, True, is the
 // contract-v2 call.
-TORCH_LIBRARY(lltm_cuda, m) {
+STABLE_TORCH_LIBRARY(lltm_cuda, m) {
   m.def(
       "forward(Tensor input, Tensor weights, Tensor bias, Tensor old_h, Tensor old_cell) "
       "-> (Tensor new_h, Tensor new_cell, Tensor X, Tensor gates, Tensor tanh_cell)");

@@ -1,12 +1,16 @@
 """lltm-cuda: the LLTM on CUDA, with one fused pointwise kernel per direction.
 
-The GEMMs go through cuBLAS (ATen's addmm/mm); the kernels live in
-``csrc/cuda/lltm_kernels.cu`` (one step) and ``csrc/cuda/lltm_sequence.cu``
-(a whole sequence, the time loop in C++: contract versions 2 and 3) and are
-registered as ``torch.ops.lltm_cuda.*`` when the compiled library
-``lltm_cuda._C`` is imported.  Nothing is loaded at
-``import lltm_cuda``: :func:`load_backend`, called by lltm-core, first checks
-that the library can run here and reports why not instead of crashing.
+The GEMMs go through cuBLAS (torch's addmm/mm, through the stable C shim); the
+kernels live in ``csrc/cuda/lltm_kernels.cu`` (one step) and
+``csrc/cuda/lltm_sequence.cu`` (a whole sequence, the time loop in C++: contract
+versions 2 and 3) and are registered as ``torch.ops.lltm_cuda.*`` when the
+compiled library is loaded with ``torch.ops.load_library``.  The library is
+built on torch's stable ABI for torch >= 2.10 and holds no Python: a C++
+program loads the same file (:func:`library_path`, ``python -m lltm_cuda
+--library``).  Nothing is loaded at ``import lltm_cuda``: :func:`load_backend`,
+called by lltm-core, first checks that the library can run here (torch new
+enough, the same CUDA major, the file the build recorded) and reports why not
+instead of crashing.
 
 The same package is also the test-only emulated build (``LLTM_CUDA_EMULATE=1`` at build time,
 see setup.py): installed as ``lltm_cuda_emulated``, its library is these very kernels compiled
@@ -16,13 +20,15 @@ tensors.  Its build records ``EMULATED = True``.
 
 from __future__ import annotations
 
+import functools
 import os
+from pathlib import Path
 
 import torch
 
 from . import _build_info
 
-__all__ = ["saved_layout", "sequence_saved_layout", "unavailable_reason", "load_backend"]
+__all__ = ["saved_layout", "sequence_saved_layout", "library_path", "unavailable_reason", "load_backend"]
 
 #: Whether this is the emulated build (the kernels on the CPU, for lltm-cuda's tests).
 EMULATED = getattr(_build_info, "EMULATED", False)
@@ -86,36 +92,70 @@ def arch_mismatch(arch_list: str, capability: tuple[int, int]) -> str | None:
     )
 
 
+def library_path() -> str:
+    """The operator library's path: what a C++ program loads (dlopen, or torch::ops's loader)
+    before it runs an exported model that calls torch.ops.lltm_cuda.*.  It needs libtorch loaded
+    first (and for the real build libtorch_cuda), never libpython."""
+    return str(Path(__file__).with_name(_build_info.LIBRARY))
+
+
+def _library_problem() -> str | None:
+    """Why the recorded library must not be loaded (missing, truncated, replaced), or None."""
+    from lltm_core.extension import library_damage
+
+    return library_damage(library_path(), _build_info.LIBRARY_SIZE, _build_info.LIBRARY_DIGEST, DISTRIBUTION)
+
+
 def _load_library() -> None:
     variant = os.environ.get(ENV_EMULATED_LIBRARY) if EMULATED else None
-    if variant:
-        torch.ops.load_library(variant)
-        return
-    from . import _C  # noqa: F401  (importing runs the operator registrations)
+    # dlopen runs the library's STABLE_TORCH_LIBRARY registrations; loading twice is a no-op.
+    torch.ops.load_library(variant or library_path())
+    _register_fakes()
+
+
+@functools.cache
+def _register_fakes() -> None:
+    # The operators' shapes for FakeTensorMode, torch.compile and torch.export (see lltm_core.extension).
+    from lltm_core.extension import register_fake_kernels
+
+    register_fake_kernels("lltm_cuda", saved_layout, sequence_saved_layout)
+
+
+def _cuda_major(version: str | None) -> str | None:
+    return version.split(".")[0] if version else None
 
 
 def unavailable_reason() -> str | None:
     """None if the kernels can run here, else why not and what to do, most fundamental first."""
-    from lltm_core.extension import torch_mismatch
+    from lltm_core.extension import torch_older_than
 
-    # Before loading the library: one built for another torch may crash the process.
-    mismatch = torch_mismatch(_build_info.TORCH_VERSION, DISTRIBUTION)
-    if mismatch is not None and EMULATED:
-        return (f"built for torch {_build_info.TORCH_VERSION}, running {torch.__version__}: rebuild the emulated "
-                f"build against this torch (from an lltm source tree: LLTM_CUDA_EMULATE=1 pip install "
-                f"--no-build-isolation --no-deps --force-reinstall ./backends/lltm_cuda)")
-    if mismatch is not None:
-        return mismatch
+    # Before loading the library: the stable ABI it uses must be there, and the file must be whole
+    # (a truncated library can crash the process at dlopen).
+    too_old = torch_older_than(_build_info.TARGET_TORCH, DISTRIBUTION)
+    if too_old is not None:
+        return too_old
+    if not (EMULATED and os.environ.get(ENV_EMULATED_LIBRARY)):
+        damage = _library_problem()
+        if damage is not None:
+            return damage
     if EMULATED:
         try:
             _load_library()
         except (ImportError, OSError, RuntimeError) as exc:
             return f"the emulated library failed to load: {exc}"
         return None
+    built_cuda = _build_info.CUDA_VERSION
     if torch.version.cuda is None:
         return (
-            f"the running torch {torch.__version__} is a CPU-only build: install the CUDA build "
-            f"lltm-cuda was built for, torch {_build_info.TORCH_VERSION}"
+            f"the running torch {torch.__version__} is a CPU-only build: install a CUDA {_cuda_major(built_cuda)}.x "
+            f"build of torch (>= {_build_info.TARGET_TORCH}), the CUDA major lltm-cuda was built for"
+        )
+    if _cuda_major(torch.version.cuda) != _cuda_major(built_cuda):
+        return (
+            f"lltm-cuda was built for CUDA {_cuda_major(built_cuda)} (CUDA {built_cuda}), and the running torch "
+            f"{torch.__version__} uses CUDA {torch.version.cuda}: install the lltm-cuda wheel built for CUDA "
+            f"{_cuda_major(torch.version.cuda)}, or build it against this torch (pip install --no-build-isolation "
+            f"./backends/lltm_cuda from an lltm source tree)"
         )
     if not torch.cuda.is_available():
         return "no CUDA device visible (torch.cuda.is_available() is False: no GPU, no driver, or CUDA_VISIBLE_DEVICES hides it)"
@@ -127,7 +167,7 @@ def unavailable_reason() -> str | None:
     try:
         _load_library()
     except (ImportError, OSError) as exc:
-        return f"the compiled library lltm_cuda._C failed to load: {exc}"
+        return f"the compiled library {library_path()} failed to load: {exc}"
     return None
 
 
@@ -146,11 +186,12 @@ def load_backend():
     if EMULATED:
         name, devices, priority = "cuda_emulated", {"cpu"}, -1  # test-only: under lltm-ref (0), it runs when named
         description = (f"lltm-cuda's kernels compiled for the CPU, every launch run serially (test-only; "
-                       f"built for torch {_build_info.TORCH_VERSION})")
+                       f"stable ABI for torch >= {_build_info.TARGET_TORCH}, built with {_build_info.TORCH_VERSION})")
     else:
         name, devices, priority = "cuda", {"cuda"}, 100
-        description = (f"fused CUDA kernels + cuBLAS (built for torch {_build_info.TORCH_VERSION}, "
-                       f"arch {_build_info.ARCH_LIST})")
+        description = (f"fused CUDA kernels + cuBLAS (stable ABI for torch >= {_build_info.TARGET_TORCH}, "
+                       f"CUDA {_cuda_major(_build_info.CUDA_VERSION)}, arch {_build_info.ARCH_LIST}; built with "
+                       f"torch {_build_info.TORCH_VERSION})")
     return Backend(
         name=name,
         forward=forward,
@@ -167,4 +208,6 @@ def load_backend():
         sequence_forward=sequence_forward,
         sequence_backward=sequence_backward,
         sequence_saved_layout=sequence_saved_layout,
+        operator_library=None if reason is not None else (
+            (os.environ.get(ENV_EMULATED_LIBRARY) if EMULATED else None) or library_path()),
     )

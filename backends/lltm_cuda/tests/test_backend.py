@@ -51,7 +51,9 @@ def _fake_runtime(monkeypatch, *, version=None, cuda="13.0", device=True, load_e
     monkeypatch.setattr(torch.cuda, "is_available", lambda: device)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1 if device else 0)
     monkeypatch.setattr(lltm_cuda, "_build_info", type("BuildInfo", (), {
-        "TORCH_VERSION": _build_info.TORCH_VERSION, "ARCH_LIST": "8.0;9.0+PTX"}))
+        "TORCH_VERSION": _build_info.TORCH_VERSION, "TARGET_TORCH": _build_info.TARGET_TORCH,
+        "CUDA_VERSION": "13.0", "ARCH_LIST": "8.0;9.0+PTX", "LIBRARY": _build_info.LIBRARY,
+        "LIBRARY_SIZE": _build_info.LIBRARY_SIZE, "LIBRARY_DIGEST": _build_info.LIBRARY_DIGEST}))
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=None: capability or (9, 0))
 
     def load_library():
@@ -61,11 +63,31 @@ def _fake_runtime(monkeypatch, *, version=None, cuda="13.0", device=True, load_e
     monkeypatch.setattr(lltm_cuda, "_load_library", load_library)
 
 
-def test_built_for_another_torch(monkeypatch):
-    # Checked first: it is the one case where loading the library could crash the process.
-    _fake_runtime(monkeypatch, version="2.13.0+cpu", cuda=None, device=False, load_error=OSError("must not load"))
+def test_torch_older_than_the_target(monkeypatch):
+    # Checked first, before the library is touched: its stable-ABI calls are not in an older torch.
+    _fake_runtime(monkeypatch, version="2.9.1+cu130", load_error=OSError("must not load"))
     reason = lltm_cuda.unavailable_reason()
-    assert reason.startswith(f"built for torch {_build_info.TORCH_VERSION}, running 2.13.0+cpu: rebuild lltm-cuda")
+    assert reason.startswith("lltm-cuda needs torch 2.10 or newer"), reason
+    assert "running 2.9.1+cu130" in reason and "pip install 'torch>=2.10'" in reason
+
+
+@pytest.mark.parametrize("version", ["2.10.0+cu130", "2.11.0+cu130", "2.14.1+cu130", "2.20.0.dev20270101+cu130"])
+def test_any_torch_from_the_target_on(monkeypatch, version):
+    """One build for every torch >= 2.10 (the stable ABI): not only the torch that built it."""
+    _fake_runtime(monkeypatch, version=version)
+    assert lltm_cuda.unavailable_reason() is None
+
+
+def test_another_cuda_major(monkeypatch):
+    _fake_runtime(monkeypatch, cuda="12.8", load_error=OSError("must not load"))
+    reason = lltm_cuda.unavailable_reason()
+    assert reason.startswith("lltm-cuda was built for CUDA 13 (CUDA 13.0), and the running torch"), reason
+    assert "install the lltm-cuda wheel built for CUDA 12" in reason
+
+
+def test_another_cuda_minor_runs(monkeypatch):
+    _fake_runtime(monkeypatch, cuda="13.2")
+    assert lltm_cuda.unavailable_reason() is None
 
 
 def test_cpu_only_torch(monkeypatch):
@@ -81,7 +103,8 @@ def test_no_device(monkeypatch):
 def test_library_fails_to_load(monkeypatch):
     _fake_runtime(monkeypatch, load_error=OSError("libcudart.so.13: cannot open shared object file"))
     reason = lltm_cuda.unavailable_reason()
-    assert reason.startswith("the compiled library lltm_cuda._C failed to load") and "libcudart.so.13" in reason
+    assert reason.startswith(f"the compiled library {lltm_cuda.library_path()} failed to load"), reason
+    assert "libcudart.so.13" in reason
 
 
 def test_gpu_the_library_has_no_code_for(monkeypatch):

@@ -1,23 +1,64 @@
 // What lltm-cuda's two kernel families share: vector access, the LLTM's activations, the
-// gate layout, launch sizing and argument checks.  lltm_kernels.cu is the single step (one
+// gate layout, launch sizing, argument checks, and the few tensor operations the host code needs
+// beyond what torch/csrc/stable/ops.h offers at the target version.  lltm_kernels.cu is the single step (one
 // cell), lltm_sequence.cu the whole sequence; both include this.
 #pragma once
 
 #include "lltm_runtime.cuh"
 
-#include <ATen/core/Tensor.h>
-#include <c10/util/ArrayRef.h>
-#include <c10/util/Exception.h>
+#include <torch/csrc/stable/ops.h>
+#include <torch/csrc/stable/tensor.h>
+#include <torch/headeronly/core/Dispatch_v2.h>
+#include <torch/headeronly/core/ScalarType.h>
+#include <torch/headeronly/util/BFloat16.h>
+#include <torch/headeronly/util/Exception.h>
+#include <torch/headeronly/util/Half.h>
+#include <torch/headeronly/util/HeaderOnlyArrayRef.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <initializer_list>
 #include <map>
 #include <mutex>
+#include <optional>
+#include <sstream>
+#include <string>
 #include <utility>
 
 namespace lltm_cuda {
+
+using torch::stable::Tensor;
+using torch::headeronly::ScalarType;
+using IntList = torch::headeronly::IntHeaderOnlyArrayRef;
+
+// The type a kernel computes in: float for the 16-bit floating types, else the type itself
+// (ATen's opmath_type, which is not part of the stable ABI).
+template <typename T>
+struct OpMath {
+  using type = T;
+};
+template <>
+struct OpMath<torch::headeronly::Half> {
+  using type = float;
+};
+template <>
+struct OpMath<torch::headeronly::BFloat16> {
+  using type = float;
+};
+template <typename T>
+using opmath_type = typename OpMath<T>::type;
+
+inline ScalarType opmath_scalar_type(ScalarType t) {
+  return t == ScalarType::Half || t == ScalarType::BFloat16 ? ScalarType::Float : t;
+}
+
+// Runs body() with scalar_t bound to the C++ type of `dtype`, one of the four floating types
+// lltm-cuda declares (the header-only dispatch; ATen's AT_DISPATCH is not stable).
+#define LLTM_CUDA_DISPATCH_FLOATING(dtype, name, ...)                                                     \
+  THO_DISPATCH_V2(dtype, name, AT_WRAP(__VA_ARGS__), AT_FLOATING_TYPES, torch::headeronly::ScalarType::Half, \
+                  torch::headeronly::ScalarType::BFloat16)
 
 constexpr int kVectorBytes = 16;  // the widest single load/store a thread can issue
 
@@ -149,7 +190,7 @@ Buffer buffer(const T* p) {
 // a row) and every buffer aligned to the VEC of ITS elements (Vec<float, 8>, 32 bytes, for the
 // float cell of a float16 kernel), as an input may be a view at an odd offset.
 template <typename scalar_t>
-bool vectorizable(int64_t state_size, c10::ArrayRef<Buffer> buffers) {
+bool vectorizable(int64_t state_size, torch::headeronly::HeaderOnlyArrayRef<Buffer> buffers) {
   constexpr int kVec = kVectorBytes / sizeof(scalar_t);
   return state_size % kVec == 0 && std::all_of(buffers.begin(), buffers.end(), [](const Buffer& b) {
            return reinterpret_cast<std::uintptr_t>(b.pointer) % (std::uintptr_t(kVec) * b.element_size) == 0;
@@ -159,7 +200,8 @@ bool vectorizable(int64_t state_size, c10::ArrayRef<Buffer> buffers) {
 // Calls launch(std::integral_constant<int, VEC>) with VEC = 16 bytes of
 // elements when vectorizable, else with VEC = 1; nothing when numel is 0.
 template <typename scalar_t, typename Launch>
-void launch_pointwise(int64_t numel, int64_t state_size, c10::ArrayRef<Buffer> buffers, Launch&& launch) {
+void launch_pointwise(int64_t numel, int64_t state_size, torch::headeronly::HeaderOnlyArrayRef<Buffer> buffers,
+                      Launch&& launch) {
   if (numel == 0) {
     return;
   }
@@ -170,29 +212,113 @@ void launch_pointwise(int64_t numel, int64_t state_size, c10::ArrayRef<Buffer> b
   }
 }
 
+// How the checks' messages name a device and a shape, as torch prints them ("cuda:0", "[2, 3]").
+inline std::string describe(const torch::stable::Device& device) {
+  std::ostringstream out;
+  out << (device.is_cuda() ? "cuda" : device.is_cpu() ? "cpu" : "device");
+  if (device.has_index() && !device.is_cpu()) {
+    out << ":" << int(device.index());
+  }
+  return out.str();
+}
+
+inline std::string describe(IntList sizes) {
+  std::ostringstream out;
+  out << "[";
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    out << (i ? ", " : "") << sizes[i];
+  }
+  out << "]";
+  return out.str();
+}
+
 struct Arg {
-  const at::Tensor& tensor;
+  const Tensor& tensor;
   const char* name;
 };
 
 // lltm-core checks every call before it gets here; these checks keep direct
 // calls of torch.ops.lltm_cuda.* from reading out of bounds.
 inline void check_args(const char* op, std::initializer_list<Arg> args) {
-  const at::Tensor& first = args.begin()->tensor;
+  const Tensor& first = args.begin()->tensor;
   for (const Arg& arg : args) {
-    TORCH_CHECK(rt::on_device(arg.tensor), op, ": ", arg.name, " must be a ", rt::kDeviceName, " tensor, got one on ",
-                arg.tensor.device());
-    TORCH_CHECK(arg.tensor.device() == first.device(), op, ": ", arg.name, " is on ", arg.tensor.device(),
-                ", expected ", first.device(), " (the device of ", args.begin()->name, ")");
-    TORCH_CHECK(arg.tensor.scalar_type() == first.scalar_type(), op, ": ", arg.name, " has dtype ",
-                arg.tensor.scalar_type(), ", expected ", first.scalar_type(), " (the dtype of ", args.begin()->name, ")");
-    TORCH_CHECK(arg.tensor.is_contiguous(), op, ": ", arg.name, " must be contiguous");
+    STD_TORCH_CHECK(rt::on_device(arg.tensor), op, ": ", arg.name, " must be a ", rt::kDeviceName,
+                    " tensor, got one on ", describe(arg.tensor.device()));
+    STD_TORCH_CHECK(arg.tensor.device() == first.device(), op, ": ", arg.name, " is on ",
+                    describe(arg.tensor.device()), ", expected ", describe(first.device()), " (the device of ",
+                    args.begin()->name, ")");
+    STD_TORCH_CHECK(arg.tensor.scalar_type() == first.scalar_type(), op, ": ", arg.name, " has dtype ",
+                    arg.tensor.scalar_type(), ", expected ", first.scalar_type(), " (the dtype of ",
+                    args.begin()->name, ")");
+    STD_TORCH_CHECK(arg.tensor.is_contiguous(), op, ": ", arg.name, " must be contiguous");
   }
 }
 
-inline void check_shape(const char* op, const Arg& arg, c10::IntArrayRef expected) {
-  TORCH_CHECK(arg.tensor.sizes() == expected, op, ": ", arg.name, " has shape ", arg.tensor.sizes(), ", expected ",
-              expected);
+inline void check_shape(const char* op, const Arg& arg, IntList expected) {
+  const IntList sizes = arg.tensor.sizes();
+  STD_TORCH_CHECK(sizes.size() == expected.size() && std::equal(sizes.begin(), sizes.end(), expected.begin()), op,
+                  ": ", arg.name, " has shape ", describe(sizes), ", expected ", describe(expected));
 }
+
+// The tensor operations of the host code.  torch/csrc/stable/ops.h has most; the rest are aten
+// operators called by schema through torch's dispatcher (torch_call_dispatcher, part of the
+// stable C API), which is how ops.h itself implements its own.
+namespace ops {
+
+template <typename... Args>
+Tensor call(const char* name, const char* overload, const Args&... args) {
+  std::array<StableIValue, sizeof...(Args)> stack{torch::stable::detail::from(args)...};
+  STABLE_TORCH_ERROR_CODE_CHECK(torch_call_dispatcher(name, overload, stack.data(), TORCH_ABI_VERSION));
+  return torch::stable::detail::to<Tensor>(stack[0]);
+}
+
+inline Tensor empty(IntList sizes, ScalarType dtype, const Tensor& like) {
+  return torch::stable::empty(sizes, dtype, std::nullopt, like.device());
+}
+
+// A fresh contiguous copy of `t`, in `dtype` (the running state and its gradient).
+inline Tensor copy_as(const Tensor& t, ScalarType dtype) {
+  Tensor out = empty(t.sizes(), dtype, t);
+  torch::stable::copy_(out, t);
+  return out;
+}
+
+inline Tensor narrow(Tensor t, int64_t dim, int64_t start, int64_t length) {
+  return torch::stable::narrow(t, dim, start, length);
+}
+
+// dst[...] = src, dst a view into the tensor to fill.
+inline void copy_into(Tensor dst, const Tensor& src) { torch::stable::copy_(dst, src); }
+
+inline Tensor t(const Tensor& m) { return torch::stable::transpose(m, 0, 1); }
+
+inline Tensor sum0(const Tensor& t) {
+  const int64_t dims[] = {0};
+  return torch::stable::sum(t, IntList(dims));
+}
+
+inline Tensor expand(const Tensor& t, IntList sizes) { return call("aten::expand", "", t, sizes, false); }
+
+inline Tensor gather(const Tensor& t, int64_t dim, const Tensor& index) {
+  return call("aten::gather", "", t, dim, index, false);
+}
+
+// min(max(t, low), high) for an integer tensor, the bounds as 0-dim tensors on its device.
+inline Tensor clamp(const Tensor& t, int64_t low, int64_t high) {
+  const Tensor lo = torch::stable::full({}, double(low), t.scalar_type(), std::nullopt, t.device());
+  const Tensor hi = torch::stable::full({}, double(high), t.scalar_type(), std::nullopt, t.device());
+  return call("aten::clamp", "Tensor", t, std::optional<Tensor>(lo), std::optional<Tensor>(hi));
+}
+
+// t - 1 for an integer tensor, exactly: ~(-t) in two's complement.  (ops.h's subtract passes a
+// floating alpha, which torch refuses for integer tensors, and a Scalar is no stable argument.)
+inline Tensor minus_one(const Tensor& t) { return call("aten::bitwise_not", "", call("aten::neg", "", t)); }
+
+// The cell state (or its gradient) as the dtype of `like`: itself when it already is (it is new memory).
+inline Tensor as_dtype_of(const Tensor& t, const Tensor& like) {
+  return t.scalar_type() == like.scalar_type() ? t : torch::stable::to(t, like.scalar_type());
+}
+
+}  // namespace ops
 
 }  // namespace lltm_cuda

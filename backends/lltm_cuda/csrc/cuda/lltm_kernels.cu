@@ -1,7 +1,7 @@
 // CUDA implementations of lltm_cuda::forward and lltm_cuda::backward.
 //
-// Each direction is cuBLAS GEMMs (through ATen, so allow_tf32 and the current
-// stream are honoured) plus ONE fused pointwise kernel.
+// Each direction is cuBLAS GEMMs (torch's own, through the stable C shim, so allow_tf32 and the
+// current stream are honoured) plus ONE fused pointwise kernel.
 //
 // What forward saves, and why: X = cat([old_h, input]) (grad_weights needs
 // it), the pre-activation gates (B, 3S) and tanh(new_cell) (B, S).  The gates
@@ -15,15 +15,7 @@
 // the cheapest way to keep it, and spares the backward a tanh.
 #include "lltm_common.cuh"
 
-#include <ATen/Dispatch.h>
-#include <ATen/OpMathType.h>
-#include <ATen/core/Tensor.h>
-#include <ATen/ops/addmm.h>
-#include <ATen/ops/cat.h>
-#include <ATen/ops/empty_like.h>
-#include <ATen/ops/mm.h>
-#include <ATen/ops/sum.h>
-#include <torch/library.h>
+#include <torch/csrc/stable/library.h>
 
 #include <tuple>
 
@@ -37,7 +29,7 @@ template <typename scalar_t, int VEC>
 __global__ void lltm_forward_kernel(
     const scalar_t* __restrict__ gates, const scalar_t* __restrict__ old_cell, scalar_t* __restrict__ new_h,
     scalar_t* __restrict__ new_cell, scalar_t* __restrict__ tanh_cell, int64_t numel, int64_t state_size) {
-  using opmath_t = at::opmath_type<scalar_t>;
+  using opmath_t = opmath_type<scalar_t>;
   const int64_t stride = int64_t(gridDim.x) * blockDim.x * VEC;
   for (int64_t e = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) * VEC; e < numel; e += stride) {
     const int64_t g = gate_offset(e, state_size);
@@ -64,7 +56,7 @@ __global__ void lltm_backward_kernel(
     const scalar_t* __restrict__ grad_h, const scalar_t* __restrict__ grad_cell, const scalar_t* __restrict__ gates,
     const scalar_t* __restrict__ tanh_cell, scalar_t* __restrict__ d_gates, scalar_t* __restrict__ grad_old_cell,
     int64_t numel, int64_t state_size) {
-  using opmath_t = at::opmath_type<scalar_t>;
+  using opmath_t = opmath_type<scalar_t>;
   const int64_t stride = int64_t(gridDim.x) * blockDim.x * VEC;
   for (int64_t e = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) * VEC; e < numel; e += stride) {
     const int64_t g = gate_offset(e, state_size);
@@ -90,29 +82,34 @@ __global__ void lltm_backward_kernel(
   }
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> lltm_forward_cuda(
-    const at::Tensor& input, const at::Tensor& weights, const at::Tensor& bias, const at::Tensor& old_h,
-    const at::Tensor& old_cell) {
+std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> lltm_forward_cuda(
+    Tensor input, Tensor weights, Tensor bias, Tensor old_h, Tensor old_cell) {
   constexpr const char* op = "lltm_cuda::forward";
   check_args(op, {{input, "input"}, {weights, "weights"}, {bias, "bias"}, {old_h, "old_h"}, {old_cell, "old_cell"}});
-  TORCH_CHECK(input.dim() == 2, op, ": input must be 2-D (batch, input_features), got shape ", input.sizes());
-  TORCH_CHECK(old_h.dim() == 2, op, ": old_h must be 2-D (batch, state_size), got shape ", old_h.sizes());
+  STD_TORCH_CHECK(input.dim() == 2, op, ": input must be 2-D (batch, input_features), got shape ",
+                  describe(input.sizes()));
+  STD_TORCH_CHECK(old_h.dim() == 2, op, ": old_h must be 2-D (batch, state_size), got shape ", describe(old_h.sizes()));
   const int64_t batch = input.size(0), state_size = old_h.size(1);
   check_shape(op, {weights, "weights"}, {3 * state_size, state_size + input.size(1)});
   check_shape(op, {bias, "bias"}, {3 * state_size});
   check_shape(op, {old_h, "old_h"}, {batch, state_size});
   check_shape(op, {old_cell, "old_cell"}, {batch, state_size});
 
-  const rt::DeviceGuard device_guard(input.device());
-  at::Tensor X = at::cat({old_h, input}, 1);
-  at::Tensor gates = at::addmm(bias, X, weights.t());
-  at::Tensor new_h = at::empty_like(old_cell);
-  at::Tensor new_cell = at::empty_like(old_cell);
-  at::Tensor tanh_cell = at::empty_like(old_cell);
-  const rt::Stream stream = rt::current_stream();
+  const int32_t device = input.get_device_index();
+  const rt::DeviceGuard device_guard(device);
+  // X = [old_h | input], written as its two column blocks.
+  const Tensor X = ops::empty({batch, state_size + input.size(1)}, input.scalar_type(), input);
+  ops::copy_into(ops::narrow(X, 1, 0, state_size), old_h);
+  ops::copy_into(ops::narrow(X, 1, state_size, input.size(1)), input);
+  const Tensor gates = ops::empty({batch, 3 * state_size}, input.scalar_type(), input);
+  rt::addmm_out(gates, bias, X, ops::t(weights));
+  const Tensor new_h = torch::stable::empty_like(old_cell);
+  const Tensor new_cell = torch::stable::empty_like(old_cell);
+  const Tensor tanh_cell = torch::stable::empty_like(old_cell);
+  const rt::Stream stream = rt::current_stream(device);
   const int64_t numel = old_cell.numel();
 
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, gates.scalar_type(), "lltm_cuda::forward", [&] {
+  LLTM_CUDA_DISPATCH_FLOATING(gates.scalar_type(), "lltm_cuda::forward", [&] {
     launch_pointwise<scalar_t>(
         numel, state_size,
         {buffer(gates.const_data_ptr<scalar_t>()), buffer(old_cell.const_data_ptr<scalar_t>()),
@@ -130,19 +127,21 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> lltm_forw
   return {new_h, new_cell, X, gates, tanh_cell};
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> lltm_backward_cuda(
-    const at::Tensor& grad_h_arg, const at::Tensor& grad_cell_arg, const at::Tensor& weights, const at::Tensor& X,
-    const at::Tensor& gates, const at::Tensor& tanh_cell, bool needs_grad_X) {
+std::tuple<Tensor, Tensor, Tensor, Tensor> lltm_backward_cuda(
+    Tensor grad_h_arg, Tensor grad_cell_arg, Tensor weights, Tensor X, Tensor gates, Tensor tanh_cell,
+    bool needs_grad_X) {
   constexpr const char* op = "lltm_cuda::backward";
   // Output gradients come as autograd makes them, often expanded (stride 0)
   // from a sum(); the kernel reads them densely.
-  const at::Tensor grad_h = grad_h_arg.contiguous();
-  const at::Tensor grad_cell = grad_cell_arg.contiguous();
+  const Tensor grad_h = torch::stable::contiguous(grad_h_arg);
+  const Tensor grad_cell = torch::stable::contiguous(grad_cell_arg);
   check_args(op, {{grad_h, "grad_h"}, {grad_cell, "grad_cell"}, {weights, "weights"}, {X, "X"}, {gates, "gates"},
                   {tanh_cell, "tanh_cell"}});
-  TORCH_CHECK(grad_h.dim() == 2, op, ": grad_h must be 2-D (batch, state_size), got shape ", grad_h.sizes());
-  TORCH_CHECK(weights.dim() == 2, op, ": weights must be 2-D (3 * state_size, state_size + input_features), got shape ",
-              weights.sizes());
+  STD_TORCH_CHECK(grad_h.dim() == 2, op, ": grad_h must be 2-D (batch, state_size), got shape ",
+                  describe(grad_h.sizes()));
+  STD_TORCH_CHECK(weights.dim() == 2, op,
+                  ": weights must be 2-D (3 * state_size, state_size + input_features), got shape ",
+                  describe(weights.sizes()));
   const int64_t batch = grad_h.size(0), state_size = grad_h.size(1);
   check_shape(op, {grad_cell, "grad_cell"}, {batch, state_size});
   check_shape(op, {tanh_cell, "tanh_cell"}, {batch, state_size});
@@ -150,13 +149,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> lltm_backward_cuda(
   check_shape(op, {weights, "weights"}, {3 * state_size, weights.size(1)});
   check_shape(op, {X, "X"}, {batch, weights.size(1)});
 
-  const rt::DeviceGuard device_guard(gates.device());
-  at::Tensor d_gates = at::empty_like(gates);
-  at::Tensor grad_old_cell = at::empty_like(tanh_cell);
-  const rt::Stream stream = rt::current_stream();
+  const int32_t device = gates.get_device_index();
+  const rt::DeviceGuard device_guard(device);
+  const Tensor d_gates = torch::stable::empty_like(gates);
+  const Tensor grad_old_cell = torch::stable::empty_like(tanh_cell);
+  const rt::Stream stream = rt::current_stream(device);
   const int64_t numel = tanh_cell.numel();
 
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, gates.scalar_type(), "lltm_cuda::backward", [&] {
+  LLTM_CUDA_DISPATCH_FLOATING(gates.scalar_type(), "lltm_cuda::backward", [&] {
     launch_pointwise<scalar_t>(
         numel, state_size,
         {buffer(grad_h.const_data_ptr<scalar_t>()), buffer(grad_cell.const_data_ptr<scalar_t>()),
@@ -174,13 +174,19 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> lltm_backward_cuda(
   });
   // d_gates is (B, 3S): grad_X = d_gates @ W, grad_W = d_gates^T @ X, grad_bias = column sums.
   // grad_X is one of the two GEMMs: skipped when neither input nor old_h needs a gradient.
-  at::Tensor grad_X = needs_grad_X ? at::mm(d_gates, weights) : weights.new_empty({0});
-  return {grad_X, at::mm(d_gates.t(), X), d_gates.sum(0), grad_old_cell};
+  Tensor grad_X = torch::stable::new_empty(weights, {0});
+  if (needs_grad_X) {
+    grad_X = torch::stable::new_empty(weights, {batch, weights.size(1)});
+    rt::mm_out(grad_X, d_gates, weights);
+  }
+  const Tensor grad_weights = torch::stable::new_empty(weights, {3 * state_size, weights.size(1)});
+  rt::mm_out(grad_weights, ops::t(d_gates), X);
+  return {grad_X, grad_weights, ops::sum0(d_gates), grad_old_cell};
 }
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(lltm_cuda, LLTM_CUDA_DISPATCH_KEY, m) {
-  m.impl("forward", &lltm_forward_cuda);
-  m.impl("backward", &lltm_backward_cuda);
+STABLE_TORCH_LIBRARY_IMPL(lltm_cuda, LLTM_CUDA_DISPATCH_KEY, m) {
+  m.impl("forward", TORCH_BOX(&lltm_forward_cuda));
+  m.impl("backward", TORCH_BOX(&lltm_backward_cuda));
 }

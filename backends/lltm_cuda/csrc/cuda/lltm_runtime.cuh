@@ -1,7 +1,7 @@
 // Everything lltm-cuda's kernels and host code touch that differs between the real build (nvcc,
 // a GPU) and the emulated one (the same .cu files compiled as C++ for the CPU, with
 // LLTM_CUDA_EMULATE defined): the kernel launch, the few runtime queries, the stream, the device
-// guard and the device check.  Nothing else in csrc/ may name a CUDA runtime call or use <<<>>>:
+// guard, the device check and the two GEMMs.  Nothing else in csrc/ may name a CUDA runtime call or use <<<>>>:
 // a kernel is launched only through launch() below, so the emulation runs exactly what a GPU runs.
 //
 // The emulation runs a launch as a serial loop over every block and every thread of the grid,
@@ -17,17 +17,25 @@
 // Small grids make the grid-stride loops go round more than once, as big inputs do on a GPU.
 #pragma once
 
-#include <ATen/core/Tensor.h>
-#include <c10/util/Exception.h>
+// Only torch's stable ABI: the headers under torch/csrc/stable and torch/headeronly, and the C
+// shim.  setup.py defines TORCH_TARGET_VERSION, under which any ATen or c10 header is an #error,
+// so one library loads on every torch from the target version on.
+#include <torch/csrc/stable/accelerator.h>
+#include <torch/csrc/stable/tensor.h>
+#include <torch/headeronly/util/Exception.h>
 
 #include <cstdint>
 #include <utility>
 
 #ifndef LLTM_CUDA_EMULATE
 
-#include <c10/cuda/CUDAException.h>
-#include <c10/cuda/CUDAGuard.h>
-#include <c10/cuda/CUDAStream.h>
+// The C shim declares its CUDA entry points (the current stream) only under USE_CUDA, and any
+// stable header may have included it before this one: setup.py defines it for the whole build.
+#ifndef USE_CUDA
+#error "lltm-cuda's real build needs USE_CUDA defined (setup.py does)"
+#endif
+#include <torch/csrc/inductor/aoti_torch/c/shim.h>
+#include <torch/csrc/inductor/aoti_torch/generated/c_shim_cuda.h>
 #include <cuda_runtime.h>
 
 #define LLTM_CUDA_DISPATCH_KEY CUDA
@@ -35,16 +43,29 @@
 namespace lltm_cuda::rt {
 
 using Stream = cudaStream_t;
-using DeviceGuard = c10::cuda::CUDAGuard;
+// Sets the current device for the host code's tensor calls and launches, restores it after.
+using DeviceGuard = torch::stable::accelerator::DeviceGuard;
 constexpr const char* kDeviceName = "CUDA";
 
-inline bool on_device(const at::Tensor& t) { return t.is_cuda(); }
-inline Stream current_stream() { return c10::cuda::getCurrentCUDAStream(); }
+// A CUDA runtime error as a C++ exception (torch turns it into a Python RuntimeError).
+inline void check_cuda(cudaError_t status, const char* what) {
+  STD_TORCH_CHECK(status == cudaSuccess, "lltm-cuda: ", what, " failed: ", cudaGetErrorString(status));
+}
+
+inline bool on_device(const torch::stable::Tensor& t) { return t.is_cuda(); }
+
+// torch's current stream on `device` (what the caller's torch.cuda.stream() set), so the kernels
+// order with the GEMMs and with the caller's own work.
+inline Stream current_stream(int32_t device) {
+  void* stream = nullptr;
+  STABLE_TORCH_ERROR_CODE_CHECK(aoti_torch_get_current_cuda_stream(device, &stream));
+  return static_cast<Stream>(stream);
+}
 constexpr int threads_per_block() { return 256; }
 
 inline int multiprocessor_count(int device) {
   int count = 0;
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
+  check_cuda(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute");
   return count;
 }
 
@@ -52,8 +73,21 @@ inline int multiprocessor_count(int device) {
 template <typename... Params>
 int blocks_per_multiprocessor(void (*kernel)(Params...), int threads) {
   int blocks = 0;
-  C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, threads, 0));
+  check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, threads, 0),
+             "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
   return blocks;
+}
+
+// out = self + mat1 @ mat2 (self broadcast; self may be out) and out = self @ mat2: torch's own
+// cuBLAS calls through the C shim, so allow_tf32, the current stream and the workspace are torch's.
+inline void addmm_out(const torch::stable::Tensor& out, const torch::stable::Tensor& self,
+                      const torch::stable::Tensor& mat1, const torch::stable::Tensor& mat2) {
+  STABLE_TORCH_ERROR_CODE_CHECK(aoti_torch_cuda_addmm_out(out.get(), self.get(), mat1.get(), mat2.get(), 1.0, 1.0));
+}
+
+inline void mm_out(const torch::stable::Tensor& out, const torch::stable::Tensor& self,
+                   const torch::stable::Tensor& mat2) {
+  STABLE_TORCH_ERROR_CODE_CHECK(aoti_torch_cuda_mm_out(out.get(), self.get(), mat2.get()));
 }
 
 // A vector access's address must be a multiple of its size on the GPU, which traps otherwise.
@@ -63,12 +97,14 @@ __device__ __forceinline__ void check_vector_aligned(const void*) {}
 template <typename... Params, typename... Args>
 void launch(void (*kernel)(Params...), int64_t blocks, int threads, Stream stream, Args&&... args) {
   kernel<<<blocks, threads, 0, stream>>>(std::forward<Args>(args)...);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  check_cuda(cudaGetLastError(), "a kernel launch");
 }
 
 }  // namespace lltm_cuda::rt
 
 #else  // LLTM_CUDA_EMULATE: the same sources as C++ on the CPU
+
+#include <torch/csrc/inductor/aoti_torch/generated/c_shim_cpu.h>
 
 #include <algorithm>
 #include <atomic>
@@ -99,13 +135,24 @@ namespace lltm_cuda::rt {
 using Stream = int;  // one, implicit: the emulation runs every launch at once, in order
 
 struct DeviceGuard {
-  explicit DeviceGuard(c10::Device) {}
+  explicit DeviceGuard(int32_t) {}
 };
 
 constexpr const char* kDeviceName = "CPU (lltm-cuda's emulated build)";
 
-inline bool on_device(const at::Tensor& t) { return t.is_cpu(); }
-inline Stream current_stream() { return 0; }
+inline bool on_device(const torch::stable::Tensor& t) { return t.is_cpu(); }
+inline Stream current_stream(int32_t) { return 0; }
+
+// The real build's GEMMs, on the CPU through the same C shim: the host code is the same either way.
+inline void addmm_out(const torch::stable::Tensor& out, const torch::stable::Tensor& self,
+                      const torch::stable::Tensor& mat1, const torch::stable::Tensor& mat2) {
+  STABLE_TORCH_ERROR_CODE_CHECK(aoti_torch_cpu_addmm_out(out.get(), self.get(), mat1.get(), mat2.get(), 1.0, 1.0));
+}
+
+inline void mm_out(const torch::stable::Tensor& out, const torch::stable::Tensor& self,
+                   const torch::stable::Tensor& mat2) {
+  STABLE_TORCH_ERROR_CODE_CHECK(aoti_torch_cpu_mm_out(out.get(), self.get(), mat2.get()));
+}
 
 enum class Order { kForward, kReverse, kShuffle };
 
@@ -122,7 +169,7 @@ inline int64_t env_int(const char* name, int64_t fallback, int64_t lowest, int64
   }
   char* end = nullptr;
   const long long value = std::strtoll(text, &end, 10);
-  TORCH_CHECK(*end == '\0' && value >= lowest && value <= highest, name, "=", text, " is not an integer in [",
+  STD_TORCH_CHECK(*end == '\0' && value >= lowest && value <= highest, name, "=", text, " is not an integer in [",
               lowest, ", ", highest, "]");
   return value;
 }
@@ -142,7 +189,7 @@ inline Settings read_settings() {
   } else if (o == "shuffle") {
     s.order = Order::kShuffle;
   } else {
-    TORCH_CHECK(false, "LLTM_CUDA_EMULATE_ORDER=", o, ": expected forward, reverse or shuffle");
+    STD_TORCH_CHECK(false, "LLTM_CUDA_EMULATE_ORDER=", o, ": expected forward, reverse or shuffle");
   }
   return s;
 }
@@ -179,14 +226,14 @@ int blocks_per_multiprocessor(void (*)(Params...), int /*threads*/) {
 // The CPU does not trap on a misaligned access; the emulation checks what the GPU would require.
 template <typename V>
 inline void check_vector_aligned(const void* p) {
-  TORCH_CHECK(reinterpret_cast<std::uintptr_t>(p) % alignof(V) == 0, "lltm-cuda (emulated): a ", sizeof(V),
+  STD_TORCH_CHECK(reinterpret_cast<std::uintptr_t>(p) % alignof(V) == 0, "lltm-cuda (emulated): a ", sizeof(V),
               "-byte vector access at ", p, " is not ", alignof(V), "-byte aligned: the GPU would trap here");
 }
 
 template <typename... Params, typename... Args>
 void launch(void (*kernel)(Params...), int64_t blocks, int threads, Stream, Args&&... args) {
   const Settings& s = emulation_settings();
-  TORCH_CHECK(blocks >= 1 && blocks <= INT32_MAX && threads >= 1 && threads <= 1024,
+  STD_TORCH_CHECK(blocks >= 1 && blocks <= INT32_MAX && threads >= 1 && threads <= 1024,
               "lltm-cuda (emulated): invalid launch configuration, ", blocks, " blocks of ", threads, " threads");
   const int64_t total = blocks * threads;
   std::vector<int64_t> order(static_cast<size_t>(total));

@@ -6,9 +6,7 @@
 #error "emulation_ops.cpp belongs to the emulated build only (setup.py defines LLTM_CUDA_EMULATE)"
 #endif
 
-#include <ATen/Dispatch.h>
-#include <ATen/OpMathType.h>
-#include <torch/library.h>
+#include <torch/csrc/stable/library.h>
 
 #include <string>
 #include <tuple>
@@ -34,11 +32,11 @@ std::vector<int64_t> counters() {
 // The vector width (elements of `dtype`) the pointwise kernels would take over these buffers,
 // each read in vectors of its own elements (an opmath buffer is float for the half types): the
 // decision launch_pointwise makes, through the same vectorizable().
-int64_t vector_width(c10::ScalarType dtype, int64_t state_size, const std::vector<at::Tensor>& buffers) {
+int64_t vector_width(ScalarType dtype, int64_t state_size, std::vector<Tensor> buffers) {
   int64_t width = 1;
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dtype, "lltm_cuda_emulation::vector_width", [&] {
+  LLTM_CUDA_DISPATCH_FLOATING(dtype, "lltm_cuda_emulation::vector_width", [&] {
     std::vector<Buffer> list;
-    for (const at::Tensor& t : buffers) {
+    for (const Tensor& t : buffers) {
       list.push_back({t.const_data_ptr(), int(t.element_size())});
     }
     launch_pointwise<scalar_t>(1, state_size, list, [&](auto vec) { width = decltype(vec)::value; });
@@ -48,9 +46,16 @@ int64_t vector_width(c10::ScalarType dtype, int64_t state_size, const std::vecto
 
 }  // namespace
 
-TORCH_LIBRARY(lltm_cuda_emulation, m) {
+STABLE_TORCH_LIBRARY(lltm_cuda_emulation, m) {
   m.def("settings() -> (int multiprocessors, int blocks_per_multiprocessor, int threads_per_block, str order, "
-        "int seed)", &settings);
-  m.def("counters() -> int[]", &counters);
-  m.def("vector_width(ScalarType dtype, int state_size, Tensor[] buffers) -> int", &vector_width);
+        "int seed)");
+  m.def("counters() -> int[]");
+  m.def("vector_width(ScalarType dtype, int state_size, Tensor[] buffers) -> int");
+}
+
+// CompositeExplicitAutograd: they take no tensor to dispatch on (or only CPU ones), and run anywhere.
+STABLE_TORCH_LIBRARY_IMPL(lltm_cuda_emulation, CompositeExplicitAutograd, m) {
+  m.impl("settings", TORCH_BOX(&settings));
+  m.impl("counters", TORCH_BOX(&counters));
+  m.impl("vector_width", TORCH_BOX(&vector_width));
 }
