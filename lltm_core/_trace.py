@@ -10,8 +10,8 @@ and deployment"), decided by :func:`_route`:
 * ``OPERATOR``: the backend's kernels are ``torch.library`` operators; the
   graph calls them, and :func:`register_operator_autograd` gives them their
   backward here.  No Python is needed to run such a graph.
-* ``COMPOSITE``: under torch.export, a backend of ATen compositions is traced
-  through.
+* ``COMPOSITE``: under torch.export for inference (nothing needs a gradient),
+  a backend of ATen compositions is traced through.
 * ``WRAPPED``: lltm's Python custom operator ``lltm::<name>_*``
   (``_autograd.ops_for``, ``_sequence.sequence_ops_for``).  When ``backend=``
   named nothing it checks at run time that lltm would still choose the traced
@@ -43,7 +43,7 @@ def forward(family: str, tensors: tuple, extra: tuple, backend, needs: bool, ste
     input, h = tensors[0], tensors[3]
     batch, features = (input.shape[1], input.shape[2]) if family == "sequence" else input.shape
     call = _traced_call(family, input.device.type, input.dtype, backend, batch, features, h.shape[1], steps, needs)
-    route, *where = _route(family, input.device.type, input.dtype, backend, call,
+    route, *where = _route(family, input.device.type, input.dtype, backend, call, bool(needs),
                            _registry.compile_hint, _registry.compile_generation)
     if route == LOOP:
         return None
@@ -93,7 +93,7 @@ def _depends_on_call(device_type: str, dtype: torch.dtype, backend, compile_hint
 
 
 @torch.compiler.assume_constant_result
-def _route(family: str, device_type: str, dtype: torch.dtype, backend, call, compile_hint,
+def _route(family: str, device_type: str, dtype: torch.dtype, backend, call, needs: bool, compile_hint,
            compile_generation) -> tuple:
     """``(route, *where)``, constant in the graph; the hint arguments are read so that Dynamo guards on them."""
     chosen = _registry.choose(device_type, dtype, backend, call)
@@ -107,14 +107,18 @@ def _route(family: str, device_type: str, dtype: torch.dtype, backend, call, com
         takes_needs_backward = family == "sequence" and chosen.takes_needs_backward
         return (OPERATOR, namespace, name, forward_kernel._overloadname, takes_needs_backward)
     exporting = torch.compiler.is_exporting()
-    if exporting and chosen.composite:
+    # Traced through for inference only: with a backward to follow, autograd would have to see
+    # through the kernels' out= operators, and the backend's own backward would not run.
+    if exporting and chosen.composite and not needs:
         return (COMPOSITE, chosen.name)
     if exporting:
+        hint = (" Export under torch.no_grad() to trace its ATen operators instead." if chosen.composite else
+                " To deploy without Python, export on a backend with compiled operators (lltm info lists "
+                "them), e.g. LLTMLayer(..., backend='cpu').")
         warnings.warn(
             f"lltm: backend {chosen.name!r} has Python kernels, so the exported graph calls lltm's Python "
             f"operator lltm::{chosen.name}_{'' if family == 'cell' else 'sequence_'}forward: it runs where "
-            f"Python runs (torch._inductor.aoti_load_package) but not from C++. To deploy without Python, "
-            f"export on a backend with compiled operators (lltm info lists them), e.g. LLTMLayer(..., backend='cpu')",
+            f"Python runs (torch._inductor.aoti_load_package) but not from C++.{hint}",
             stacklevel=2,
         )
     if family == "cell":

@@ -146,9 +146,11 @@ One rule decides what a traced graph holds for a backend's kernel:
 * Any other kernel (a Python function) is wrapped in lltm-core's Python
   custom operator ``lltm::<name>_*``.  That graph compiles and runs, but only
   in a Python process.  If the kernels are compositions of ATen operators and
-  nothing else, set ``composite=True``: ``torch.export`` then traces through
-  them, and the exported graph holds ATen operators only (lltm-ref does).
-  Otherwise ``torch.export`` warns that the model cannot leave Python.
+  nothing else, set ``composite=True``: ``torch.export`` under
+  ``torch.no_grad()`` then traces through them, and the exported graph holds
+  ATen operators only (lltm-ref does; its time loop is Python, so the shapes
+  are static).  Otherwise ``torch.export`` warns that the model cannot leave
+  Python.
 """
 
 from __future__ import annotations
