@@ -79,7 +79,7 @@ def interleaved(candidates: Mapping[str, Callable], *, calls: int = 10, rounds: 
     in interleaved rounds of ``calls`` calls each.
 
     Stops after ``rounds`` rounds, or once each candidate has made ``total_calls``
-    calls (the last round shortened to make it exact), or has spent ``seconds``.
+    calls (the final round shortened to make it exact), or has spent ``seconds``.
     Each candidate is first called ``warmup`` times, untimed.  With
     ``keep_going``, a candidate that raises is dropped (its error in
     ``failures``) while the others go on, and Ctrl-C ends the timing with what

@@ -22,3 +22,19 @@ def import_or_skip():
             raise
         pytest.skip("needs the emulated build of lltm-cuda (nox -s cuda_emulated)", allow_module_level=True)
     return lltm_cuda_emulated
+
+
+def the_build_under_test():
+    """The build this session tests: ``lltm_cuda_emulated`` under LLTM_CUDA_TEST_EMULATED=1 (its
+    absence an error), else ``lltm_cuda``, or a module-level skip where that is not installed."""
+    if EMULATED:
+        import lltm_cuda_emulated
+
+        return lltm_cuda_emulated
+    try:
+        import lltm_cuda
+    except ModuleNotFoundError as exc:
+        if exc.name != "lltm_cuda":
+            raise
+        pytest.skip("lltm-cuda is not installed (building it needs the CUDA toolkit)", allow_module_level=True)
+    return lltm_cuda

@@ -12,16 +12,9 @@ import os
 import pytest
 import torch
 
-EMULATED = os.environ.get("LLTM_CUDA_TEST_EMULATED") == "1"
-try:
-    if EMULATED:
-        import lltm_cuda_emulated as lltm_cuda
-    else:
-        import lltm_cuda
-except ModuleNotFoundError as exc:
-    if exc.name != "lltm_cuda" or EMULATED:
-        raise
-    pytest.skip("lltm-cuda is not installed (building it needs the CUDA toolkit)", allow_module_level=True)
+from _emulated import EMULATED, the_build_under_test
+
+lltm_cuda = the_build_under_test()
 import lltm_core  # noqa: E402
 from lltm_core.testing import make_inputs, make_sequence_inputs, max_rel_error, tolerance  # noqa: E402
 from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402

@@ -18,16 +18,9 @@ from pathlib import Path
 import pytest
 import torch
 
-EMULATED = os.environ.get("LLTM_CUDA_TEST_EMULATED") == "1"
-try:
-    if EMULATED:
-        import lltm_cuda_emulated as lltm_cuda
-    else:
-        import lltm_cuda
-except ModuleNotFoundError as exc:
-    if exc.name != "lltm_cuda" or EMULATED:
-        raise
-    pytest.skip("lltm-cuda is not installed (building it needs the CUDA toolkit)", allow_module_level=True)
+from _emulated import EMULATED, the_build_under_test
+
+lltm_cuda = the_build_under_test()
 from lltm_core.extension import library_fingerprint  # noqa: E402
 
 _build_info = lltm_cuda._build_info
