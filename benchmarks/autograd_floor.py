@@ -35,9 +35,11 @@ import lltm_core
 from lltm_core.benchmarking import PhaseTimes, interleaved
 from lltm_core.testing import SeedLLTM
 
+from lltm_core.benchmarking import busy_cpu_seconds, own_cpu_seconds
+
+# The step builders and sizes are bench_cpu.py's, so the floor rows time exactly its steps.
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_cpu import (SMALL, TARGETS, busy_cpu_seconds, make_gemm_step, make_step, own_cpu_seconds,  # noqa: E402
-                       small_size_table)
+from bench_cpu import SMALL, TARGETS, make_gemm_step, make_step, small_size_table  # noqa: E402
 
 # The lltm_cpu operators found through the dispatcher, wrapped in a C++ autograd node.
 _CPP = r"""

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 import platform
 import statistics
 import sys
@@ -30,59 +29,22 @@ import time
 import torch
 
 import lltm_core
+from lltm_core.benchmarking import busy_cpu_seconds, cpu_model, own_cpu_seconds
 from lltm_core.testing import SeedLLTM  # the tutorial's pure-PyTorch module
 
 SMALL = dict(batch=16, input_features=32, state_size=128)  # the seed's benchmark size
 LARGE = dict(batch=256, input_features=256, state_size=1024)
 
 TARGETS = {  # candidate time / baseline time must be at most this
-    "forward": 0.35,  # the tutorial issue's, against eager
+    "forward": 0.35,  # the tutorial's targets, against eager
     "backward": 0.50,
     "large": 1.15,
-    "forward kept": 0.85,  # issue 18's: the per-step cell keeps its speed while the sequence kernels change
+    "forward kept": 0.85,  # the per-step cell keeps its speed beside the sequence kernels
     "backward kept": 0.95,
 }
 
 
-NOTES = """\
-## What would close the gaps
 
-- Most of the time at B16 is outside the kernels, and most of that is not
-  lltm_core's.  benchmarks/autograd_floor.py runs the same two lltm_cpu
-  operators from a C++ autograd node, with none of lltm_core's checks, backend
-  choice or Python frames (results/autograd_floor.md): about 0.54x forward and
-  0.74x backward of eager in the same process.  No change to lltm_core's
-  plumbing can therefore reach 0.35x / 0.50x; what remains is the module call,
-  autograd's graph and engine (the timed backward includes the tutorial's
-  new_h.sum() + new_cell.sum() and the backward() call) and the kernels.
-- The same script times that node running no kernels at all, and the GEMMs
-  alone.  Their sum, the time of a per-step call whose pointwise work were
-  free, came to 0.36-0.43x of eager forward and 0.47-0.55x backward over
-  five runs here: the forward target is out of reach of any pointwise kernel
-  or wrapper with these GEMMs, and the backward one leaves at most a few us,
-  less than lltm_cpu's fused backward pass alone takes.
-- Moving the autograd node into C++ would buy the difference between those two
-  rows (about 16 us of each pass), at the price of every backend carrying its
-  own autograd logic instead of lltm_core holding it once.  Not done.
-- Of the kernels, the GEMMs are the floor.  MKL runs them on both cores (its
-  Zen AVX2 kernels; this CPU executes AVX-512 as two 256-bit halves, so there
-  is no wider path to find).  No other ATen entry point is faster: F.linear,
-  addmm, mm and mm into a preallocated output are within 1 us of each other,
-  oneDNN's linear with pre-packed weights is slower, and MKL's packed GEMM
-  saves 1-2 us but would need the packed weights cached across calls.  What the
-  kernel adds beyond its GEMMs is the fused pointwise pass (about 5 us forward),
-  the X = cat copy, output allocations and the operator call.
-- Past that, only amortising over the steps of a sequence would help (one
-  input-projection GEMM for the whole sequence, or a whole-sequence operator):
-  an API change.
-- Backward runs the grad_X GEMM only when input or old_h needs a gradient, as
-  eager autograd does, so in the tutorial's benchmark it is grad_weights' GEMM,
-  the fused pass and autograd's engine.
-- bfloat16 keeps tensors in bfloat16 and computes the pointwise passes in
-  float.  At B256 its GEMMs take about 2.3x less time than float32's (oneDNN,
-  AVX512-BF16) while the pointwise passes take about as long (exp and division
-  in float either way), so the bfloat16 step sits further above its GEMMs:
-  1.11-1.17x over three runs, float32 1.03-1.05x."""
 
 
 def make_step(module, batch, input_features, state_size, inputs_require_grad, dtype=torch.float32):
@@ -144,20 +106,6 @@ def make_gemm_step(batch, input_features, state_size, needs_grad_X, dtype=torch.
     return step
 
 
-def busy_cpu_seconds() -> float | None:
-    """CPU time all processes have used since boot (Linux), to tell whether others ran meanwhile."""
-    try:
-        with open("/proc/stat") as f:
-            fields = [int(v) for v in f.readline().split()[1:]]
-    except (OSError, ValueError):
-        return None
-    idle, iowait = fields[3], fields[4]
-    return (sum(fields[:8]) - idle - iowait) / os.sysconf("SC_CLK_TCK")
-
-
-def own_cpu_seconds() -> float:
-    t = os.times()
-    return t.user + t.system
 
 
 def measure(steps: dict, rounds: int, steps_per_round: int, warmup: int) -> tuple[dict, float]:
@@ -206,16 +154,6 @@ def large_size_table(large: dict) -> list[str]:
         lines.append(f"| {name} | {fwd / 1e3:.2f} | {bwd / 1e3:.2f} | {total / 1e3:.2f} |")
     return lines
 
-
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def small_size_table(small: dict) -> list[str]:
@@ -288,11 +226,11 @@ def main() -> None:
     cpu_fwd, cpu_bwd, _ = tutorial["lltm cpu"]
     compiled_fwd, compiled_bwd, _ = tutorial["torch.compile(eager)"]
     checks = [
-        ("forward vs eager (the tutorial issue's)", cpu_fwd / base_fwd, TARGETS["forward"]),
-        ("backward vs eager (the tutorial issue's)", cpu_bwd / base_bwd, TARGETS["backward"]),
+        ("forward vs eager (the tutorial's target)", cpu_fwd / base_fwd, TARGETS["forward"]),
+        ("backward vs eager (the tutorial's target)", cpu_bwd / base_bwd, TARGETS["backward"]),
         ("B256 step vs its GEMMs alone", large["lltm cpu"][2] / large["GEMMs alone"][2], TARGETS["large"]),
-        ("forward vs eager, the per-step cell kept (issue 18)", cpu_fwd / base_fwd, TARGETS["forward kept"]),
-        ("backward vs eager, the per-step cell kept (issue 18)", cpu_bwd / base_bwd, TARGETS["backward kept"]),
+        ("forward vs eager, the per-step cell kept", cpu_fwd / base_fwd, TARGETS["forward kept"]),
+        ("backward vs eager, the per-step cell kept", cpu_bwd / base_bwd, TARGETS["backward kept"]),
     ]
     size = f"B{SMALL['batch']} I{SMALL['input_features']} S{SMALL['state_size']}"
     lines = [
@@ -348,7 +286,7 @@ def main() -> None:
             f"The GEMMs alone take {gemm / (target * eager_time):.0%} of the target's budget "
             f"({target} x eager = {target * eager_time:.0f} us)."
         )
-    lines += ["", NOTES]
+    lines += ["", "What would close the gaps, measured: benchmarks/results/cpu.md."]
     report = "\n".join(lines) + "\n"
     print(report)
     if args.output:

@@ -45,7 +45,6 @@ import argparse
 import dataclasses
 import platform
 import statistics
-import sys
 import time
 from pathlib import Path
 
@@ -57,8 +56,7 @@ from lltm_core._sequence import run_forward
 from lltm_core.benchmarking import calls_for, interleaved
 from lltm_core.testing import SeedLLTM
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_cpu import busy_cpu_seconds, cpu_model, own_cpu_seconds  # noqa: E402
+from lltm_core.benchmarking import busy_cpu_seconds, cpu_model, own_cpu_seconds  # noqa: E402
 
 SEQUENCE_SIZES = {"T64 B16 I32 S128": (64, 16, 32, 128), "T32 B64 I256 S512": (32, 64, 256, 512)}
 

@@ -10,6 +10,8 @@ meaningful.
 
 from __future__ import annotations
 
+import os
+import platform
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -142,3 +144,33 @@ def interleaved(candidates: Mapping[str, Callable], *, calls: int = 10, rounds: 
             raise
         timings.interrupted = True
     return timings
+
+
+# What a benchmark records beside its figures: the CPU, and whether other processes ran meanwhile.
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def busy_cpu_seconds() -> float | None:
+    """CPU time all processes have used since boot (Linux), to tell whether others ran meanwhile."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(v) for v in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    idle, iowait = fields[3], fields[4]
+    return (sum(fields[:8]) - idle - iowait) / os.sysconf("SC_CLK_TCK")
+
+
+def own_cpu_seconds() -> float:
+    t = os.times()
+    return t.user + t.system
