@@ -62,7 +62,8 @@ def _check(what: str, got, wants, dtype):
                           f"{alternatives[0].isnan().sum().item()})")
 
 
-# Known to break the rule, and so expected to fail (strict: it fails the run once it passes).
+# Known to break the rule, and so expected to fail; reported as xfailed (or xpassed, where a seed's
+# values happen to avoid the defect), never as passed.
 # lltm-triton, from a zero state: elements that are neither the reference's nor the skipped product's.
 KNOWN_DEVIATIONS = {("triton", "zero"): "lltm-triton from a zero state: some cell elements are finite values that "
                                         "are neither the reference's NaN nor the skipped product's (open defect)"}
@@ -71,7 +72,7 @@ KNOWN_DEVIATIONS = {("triton", "zero"): "lltm-triton from a zero state: some cel
 def _expect_known_deviation(request, backend, state):
     reason = KNOWN_DEVIATIONS.get((backend.name, state))
     if reason:
-        request.applymarker(pytest.mark.xfail(reason=reason, strict=True))
+        request.applymarker(pytest.mark.xfail(reason=reason, strict=False))
 
 
 def _zero_state_product(w: torch.Tensor, S: int) -> torch.Tensor:
