@@ -25,7 +25,7 @@ def import_or_skip():
 
 
 def the_build_under_test():
-    """The build this session tests: ``lltm_cuda_emulated`` under LLTM_CUDA_TEST_EMULATED=1 (its
+    """The build under test: ``lltm_cuda_emulated`` under LLTM_CUDA_TEST_EMULATED=1 (its
     absence an error), else ``lltm_cuda``, or a module-level skip where that is not installed."""
     if EMULATED:
         import lltm_cuda_emulated
