@@ -43,7 +43,7 @@ def test_backends_agree(pair, dtype, shape):
     assert all(e <= 2 * tolerance(dtype) for e in errors.values()), errors
 
 
-@pytest.mark.skipif("cpu" not in lltm_core.available_backends(), reason="lltm-cpu is not installed in this session")
+@pytest.mark.skipif("cpu" not in lltm_core.available_backends(), reason="lltm-cpu is not installed here")
 def test_the_fused_cpu_backend_is_chosen_for_what_it_takes():
     assert lltm_core.get_backend(device="cpu", dtype=torch.float32).name == "cpu"
     assert lltm_core.get_backend(device="cpu", dtype=torch.float64).name == "cpu"
