@@ -37,6 +37,15 @@ def test_other_isa_builds(capability):
     The build in use follows ATen's CPU capability, which ATEN_CPU_CAPABILITY
     can lower; this process already tests the CPU's best one.
     """
+    # torch takes ATEN_CPU_CAPABILITY at its word (an AVX-512 CPU capability on an AVX2-only CPU runs
+    # torch's own AVX-512 kernels, and dies of SIGILL): ask the CPU first.
+    needs = {"default": set(), "avx2": {"avx2", "fma"}, "avx512": {"avx2", "fma", "avx512f", "avx512bw", "avx512vl",
+                                                                    "avx512dq"}}[capability]
+    if os.path.exists("/proc/cpuinfo"):
+        with open("/proc/cpuinfo") as f:
+            flags = set(next((line for line in f if line.startswith("flags")), "").split())
+        if not needs <= flags:
+            pytest.skip(f"this CPU has no {' '.join(sorted(needs - flags))}: it cannot run {capability}")
     env = {**os.environ, "ATEN_CPU_CAPABILITY": capability}
     probe = [sys.executable, "-c", "import torch; print(torch.backends.cpu.get_cpu_capability())"]
     chosen = subprocess.run(probe, env=env, capture_output=True, text=True, check=True).stdout.strip()

@@ -378,8 +378,8 @@ def test_routes_measured_once_per_shape(dtype):
     for variable in ("LLTM_CPU_GEMM", "LLTM_CPU_SPLIT"):
         if os.environ.get(variable):
             pytest.skip(f"{variable}={os.environ[variable]} chose the route or the GEMMs' shapes")
-    offered = {torch.float32: {"mkl-packed", "mkl", "aten"}, torch.float64: {"mkl", "aten"},
-               torch.bfloat16: {"avx512-bf16", "mkl", "aten"}}[dtype]
+    offered = {torch.float32: {"avx2-fma", "mkl-packed", "mkl", "aten"}, torch.float64: {"mkl", "aten"},
+               torch.bfloat16: {"avx512-bf16", "avx2-fma", "mkl", "aten"}}[dtype]
     name = {torch.float32: "float32", torch.float64: "float64", torch.bfloat16: "bfloat16"}[dtype]
     T, B, I = 3, 5, 4
     S = {torch.float32: 45, torch.float64: 46, torch.bfloat16: 47}[dtype]  # a shape no other test runs
@@ -406,8 +406,20 @@ def test_routes_measured_once_per_shape(dtype):
             times = record["measured_us"]
             assert record["source"] == "measured" and set(times) <= offered and len(times) >= 2, record
             assert all(us > 0 for us in times.values()) and record["chosen"] == min(times, key=times.get), record
-    if dtype == torch.bfloat16 and avx512_bf16_kernel():  # lltm-cpu's own kernel is among those timed
-        assert all("avx512-bf16" in record["measured_us"] for record in chosen), chosen
+    own = [route for route, runs in (("avx512-bf16", dtype == torch.bfloat16 and avx512_bf16_kernel()),
+                                     ("avx2-fma", dtype != torch.float64 and avx2_fma_kernel())) if runs]
+    for route in own:  # lltm-cpu's own kernels are among those timed
+        assert all(route in record["measured_us"] for record in chosen), (route, chosen)
+    # The GEMMs over all steps: in float32, lltm-cpu's kernel timed against MKL, the faster kept.
+    all_steps = [record for record in records() if record["key"] in new and record["kind"] == "all steps"]
+    if dtype == torch.float32 and avx2_fma_kernel():
+        assert len(all_steps) >= 4 and all(record["dtype"] == "float32" for record in all_steps), new
+        for record in all_steps:
+            times = record["measured_us"]
+            if torch.backends.mkl.is_available():
+                assert set(times) == {"avx2-fma", "mkl"} and record["chosen"] == min(times, key=times.get), record
+    else:
+        assert not all_steps, new
 
 
 def call_at_once(call, count: int, timeout: float = 120) -> list:
@@ -473,9 +485,10 @@ def run_this_file(env: dict, seed: int, *extra: str) -> subprocess.CompletedProc
 
 # What LLTM_CPU_GEMM=<route> gives each dtype's recurrent GEMMs where torch
 # has MKL: the route itself, or, for a dtype without it (float64 has no
-# packed GEMM, only bfloat16 has avx512-bf16), an error naming the dtype.
+# packed GEMM nor own kernel, only bfloat16 has avx512-bf16), an error naming the dtype.
 FORCED = {
     "avx512-bf16": {"float32": None, "float64": None, "bfloat16": "avx512-bf16"},
+    "avx2-fma": {"float32": "avx2-fma", "float64": None, "bfloat16": "avx2-fma"},
     "mkl-packed": {"float32": "mkl-packed", "float64": None, "bfloat16": None},
     "mkl": {"float32": "mkl", "float64": "mkl", "bfloat16": "mkl"},
     "aten": {"float32": "aten", "float64": "aten", "bfloat16": "aten"},
@@ -503,6 +516,9 @@ def test_forced_gemm_routes_in_subprocess(route, lltm_seed):
     if route == "avx512-bf16" and not avx512_bf16_kernel():
         pytest.skip("this CPU has no AVX512_BF16 (or ATEN_CPU_CAPABILITY is below avx512): lltm-cpu's bfloat16 "
                     "kernel never runs here")
+    if route == "avx2-fma" and not avx2_fma_kernel():
+        pytest.skip("this CPU has no AVX2 and FMA (or ATEN_CPU_CAPABILITY=default): lltm-cpu's float32 kernel "
+                    "never runs here")
     env = {**os.environ, "LLTM_CPU_GEMM": route}
     probe = subprocess.run([sys.executable, "-c", _ROUTE_PROBE], env=env, capture_output=True, text=True, check=True)
     result = json.loads(probe.stdout)
@@ -525,8 +541,9 @@ def test_forced_gemm_routes_in_subprocess(route, lltm_seed):
     # Skipped only: the kit's checks of can_run / should_run, which lltm-cpu does not define.
     skips = [line for line in run.stdout.splitlines() if line.startswith("SKIPPED")]
     assert " passed" in run.stdout and all("no can_run or should_run" in line for line in skips), run.stdout[-2000:]
-    if route == "avx512-bf16":  # lltm-cpu's own kernel: this file's odd shapes too (partial tiles, odd K)
-        run = run_this_file({"LLTM_CPU_GEMM": route}, lltm_seed, "-k", "matches and bfloat16 and not in_subprocess")
+    if route in ("avx512-bf16", "avx2-fma"):  # lltm-cpu's own kernels: this file's odd shapes too (partial tiles, odd K)
+        dtypes = "bfloat16" if route == "avx512-bf16" else "(bfloat16 or float32)"
+        run = run_this_file({"LLTM_CPU_GEMM": route}, lltm_seed, "-k", f"matches and {dtypes} and not in_subprocess")
         assert run.returncode == 0, f"with LLTM_CPU_GEMM={route}:\n{run.stdout[-4000:]}{run.stderr[-2000:]}"
 
 
@@ -541,13 +558,22 @@ def kit_selection(route: str) -> str:
     return selection
 
 
+def cpu_flags() -> list[str]:
+    """This CPU's feature flags, as /proc/cpuinfo lists them (none elsewhere)."""
+    if not os.path.exists("/proc/cpuinfo"):
+        return []
+    with open("/proc/cpuinfo") as f:
+        return next((line for line in f if line.startswith("flags")), "").split()
+
+
+def avx2_fma_kernel() -> bool:
+    """Whether lltm-cpu's own float32 kernel can run here: it is then a measured route."""
+    return {"avx2", "fma"} <= set(cpu_flags()) and torch.backends.cpu.get_cpu_capability() != "DEFAULT"
+
+
 def avx512_bf16_kernel() -> bool:
     """Whether lltm-cpu's own bfloat16 kernel can run here: it is then a measured route."""
-    flags = ""
-    if os.path.exists("/proc/cpuinfo"):
-        with open("/proc/cpuinfo") as f:
-            flags = next((line for line in f if line.startswith("flags")), "")
-    return "avx512_bf16" in flags.split() and torch.backends.cpu.get_cpu_capability() == "AVX512"
+    return "avx512_bf16" in cpu_flags() and torch.backends.cpu.get_cpu_capability() == "AVX512"
 
 
 _BAD_SETTING_PROBE = """
@@ -561,7 +587,7 @@ print(json.dumps({"available": report["status"] == "available", "reason": report
 
 
 @pytest.mark.parametrize("variable, value, message", [
-    ("LLTM_CPU_GEMM", "fast", "LLTM_CPU_GEMM must be avx512-bf16, mkl-packed, mkl or aten (or unset), got 'fast'"),
+    ("LLTM_CPU_GEMM", "fast", "LLTM_CPU_GEMM must be avx512-bf16, avx2-fma, mkl-packed, mkl or aten (or unset), got 'fast'"),
     ("LLTM_CPU_SPLIT", "diagonal", "LLTM_CPU_SPLIT must be rows or columns (or unset), got 'diagonal'"),
 ])
 def test_bad_setting_makes_the_backend_unavailable_in_subprocess(variable, value, message):

@@ -1,5 +1,5 @@
 // The sequence kernels' GEMMs: MKL called directly where torch links it,
-// lltm-cpu's bfloat16 kernel, or torch's mm through the stable C shim, each
+// lltm-cpu's own kernels, or torch's mm through the stable C shim, each
 // shape's route chosen by timing it once.  See blas.h for why.
 #include "blas.h"
 
@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "gemm_bf16.h"
+#include "gemm_f32.h"
 #include "kernel_common.h"
 #include "tuning.h"
 
@@ -184,9 +185,53 @@ std::vector<T> filled(int64_t count) {
 
 // ---- The GEMMs over all steps.
 
+// lltm-cpu's own AVX2 FMA kernel: where it was compiled (x86-64), the CPU has
+// AVX2 and FMA, and the pointwise passes do not run their portable build
+// (ATEN_CPU_CAPABILITY=default lowers both).
+bool has_avx2_fma() {
+#if defined(LLTM_CPU_AVX2_FMA)
+  static const bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+                          std::string(cpu_capability()) != "DEFAULT";
+  return has;
+#else
+  return false;
+#endif
+}
+
+// lltm-cpu's float32 kernel over all steps: op(B) packed once, its column
+// blocks split among torch's threads, then C's row tiles split among them (or
+// its column tiles, where C is wider than tall).
+void own_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,
+              const float* b, int64_t ldb, bool accumulate, float* c, int64_t ldc) {
+  constexpr int64_t kBlock = 8, kTileRows = 4, kTileColumns = 24;  // gemm_f32_avx2.cpp's packing and micro-tile
+  std::vector<float> packed(gemm_f32::packed_elements(n, k));
+  parallel_for(0, (n + kBlock - 1) / kBlock, 1, [&](int64_t first, int64_t last) {
+    const int64_t col = first * kBlock, cols = std::min(n, last * kBlock) - col;
+    gemm_f32::pack(trans_b, cols, k, trans_b ? b + col * ldb : b + col, ldb, packed.data() + col * k);
+  });
+  if (m >= n) {
+    parallel_for(0, (m + kTileRows - 1) / kTileRows, 1, [&](int64_t first, int64_t last) {
+      const int64_t row = first * kTileRows, rows = std::min(m, last * kTileRows) - row;
+      gemm_f32::multiply(trans_a, rows, n, k, trans_a ? a + row : a + row * lda, lda, packed.data(), accumulate,
+                         c + row * ldc, ldc);
+    });
+  } else {
+    parallel_for(0, (n + kTileColumns - 1) / kTileColumns, 1, [&](int64_t first, int64_t last) {
+      const int64_t col = first * kTileColumns, cols = std::min(n, last * kTileColumns) - col;
+      gemm_f32::multiply(trans_a, m, cols, k, a, lda, packed.data() + col * k, accumulate, c + col, ldc);
+    });
+  }
+}
+
 template <typename scalar_t>
 void gemm_on(Route route, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const scalar_t* a, int64_t lda,
              const scalar_t* b, int64_t ldb, bool accumulate, scalar_t* c, int64_t ldc) {
+  if constexpr (std::is_same_v<scalar_t, float>) {
+    if (route == Route::kAvx2Fma) {
+      own_gemm(trans_a, trans_b, m, n, k, a, lda, b, ldb, accumulate, c, ldc);
+      return;
+    }
+  }
   if constexpr (!std::is_same_v<scalar_t, c10::BFloat16>) {
     if (route == Route::kMkl && fits_int({m, n, k, lda, ldb, ldc})) {
       mkl_gemm(trans_a, trans_b, m, n, k, a, lda, b, ldb, accumulate, c, ldc);
@@ -196,16 +241,41 @@ void gemm_on(Route route, bool trans_a, bool trans_b, int64_t m, int64_t n, int6
   aten_gemm(trans_a, trans_b, m, n, k, a, lda, b, ldb, accumulate, c, ldc);
 }
 
-// MKL where torch has it (float32 and float64), torch's mm otherwise: the
-// shim's mm is MKL too for those dtypes, so there is nothing to time (oneDNN's
-// matmul, outside the stable ABI, lost to MKL: benchmarks/results/cpu_sequence.md).
+// float32: lltm-cpu's kernel or MKL, whichever is faster at this shape on all
+// of torch's threads (on AMD CPUs MKL runs a generic path at some shapes:
+// benchmarks/results/cpu_sequence.md).  float64: MKL.  Where torch has no MKL,
+// and for bfloat16, torch's mm (the shim's mm is MKL for float32 and float64,
+// so there is nothing more to time; oneDNN's matmul, outside the stable ABI,
+// lost to MKL).  LLTM_CPU_GEMM=aten or avx2-fma sends these GEMMs there too.
 template <typename scalar_t>
-Route all_steps_route(int64_t m, int64_t n, int64_t k, int64_t lda, int64_t ldb) {
-  if (requested_route() != Route::kAten && !std::is_same_v<scalar_t, c10::BFloat16> && mkl().has_gemm() &&
-      fits_int({m, n, k, lda, ldb})) {
-    return Route::kMkl;
+Route all_steps_route(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const scalar_t* a, int64_t lda,
+                      const scalar_t* b, int64_t ldb, bool accumulate, scalar_t* c, int64_t ldc) {
+  const std::optional<Route> requested = requested_route();
+  const bool mkl_here = !std::is_same_v<scalar_t, c10::BFloat16> && mkl().has_gemm() && fits_int({m, n, k, lda, ldb});
+  if constexpr (std::is_same_v<scalar_t, float>) {
+    if (has_avx2_fma() && (!requested || requested == Route::kAvx2Fma)) {
+      std::vector<Route> candidates = {Route::kAvx2Fma};
+      if (mkl_here && !requested) {
+        candidates.push_back(Route::kMkl);
+      }
+      std::ostringstream key, fields;
+      key << "all steps float32 M" << m << " N" << n << " K" << k << (trans_a ? " A^T" : "") << (trans_b ? " B^T" : "")
+          << " threads " << num_threads();
+      fields << "\"kind\": \"all steps\", \"dtype\": \"float32\", \"m\": " << m << ", \"n\": " << n
+             << ", \"k\": " << k << ", \"a_transposed\": " << (trans_a ? "true" : "false")
+             << ", \"b_transposed\": " << (trans_b ? "true" : "false") << ", \"threads\": " << num_threads()
+             << ", \"torch_threads\": " << num_threads();
+      return tuned(key.str(), fields.str(), candidates, [&](Route route) {
+        // Timed into C itself where the call overwrites it anyway: a scratch C would raise the peak
+        // memory of an inference forward by the gates of a whole chunk.
+        std::vector<float> scratch(accumulate ? std::max<int64_t>(m * n, 1) : 0);
+        float* out = accumulate ? scratch.data() : c;
+        const int64_t ld_out = accumulate ? n : ldc;
+        return tuning::time_us([&] { gemm_on(route, trans_a, trans_b, m, n, k, a, lda, b, ldb, false, out, ld_out); });
+      });
+    }
   }
-  return Route::kAten;
+  return requested != Route::kAten && mkl_here ? Route::kMkl : Route::kAten;
 }
 
 // ---- The recurrent GEMMs.
@@ -229,6 +299,11 @@ std::vector<Route> recurrent_candidates() {
   if constexpr (std::is_same_v<scalar_t, c10::BFloat16>) {
     if (has_avx512_bf16()) {
       routes.push_back(Route::kAvx512Bf16);
+    }
+  }
+  if constexpr (!std::is_same_v<scalar_t, double>) {
+    if (has_avx2_fma()) {
+      routes.push_back(Route::kAvx2Fma);
     }
   }
   if constexpr (std::is_same_v<scalar_t, float>) {
@@ -266,6 +341,8 @@ const char* route_name(Route route) {
   switch (route) {
     case Route::kAvx512Bf16:
       return "avx512-bf16";
+    case Route::kAvx2Fma:
+      return "avx2-fma";
     case Route::kMklPacked:
       return "mkl-packed";
     case Route::kMkl:
@@ -280,13 +357,13 @@ std::optional<Route> requested_route() {
   static const std::optional<Route> route = []() -> std::optional<Route> {
     const char* env = std::getenv("LLTM_CPU_GEMM");
     const std::string wanted = env == nullptr ? "" : env;
-    for (const Route candidate : {Route::kAvx512Bf16, Route::kMklPacked, Route::kMkl, Route::kAten}) {
+    for (const Route candidate : {Route::kAvx512Bf16, Route::kAvx2Fma, Route::kMklPacked, Route::kMkl, Route::kAten}) {
       if (wanted == route_name(candidate)) {
         return candidate;
       }
     }
     LLTM_CHECK(wanted.empty(),
-                    "lltm_cpu: LLTM_CPU_GEMM must be avx512-bf16, mkl-packed, mkl or aten (or unset), got '", wanted,
+                    "lltm_cpu: LLTM_CPU_GEMM must be avx512-bf16, avx2-fma, mkl-packed, mkl or aten (or unset), got '", wanted,
                     "'");
     return std::nullopt;
   }();
@@ -303,7 +380,7 @@ void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const sca
     zero_or_keep(m, n, accumulate, c, ldc);
     return;
   }
-  const Route route = all_steps_route<scalar_t>(m, n, k, lda, ldb);
+  const Route route = all_steps_route<scalar_t>(trans_a, trans_b, m, n, k, a, lda, b, ldb, accumulate, c, ldc);
   gemm_on(route, trans_a, trans_b, m, n, k, a, lda, b, ldb, accumulate, c, ldc);
 }
 
@@ -320,6 +397,8 @@ Route recurrent_route(bool trans_b, int64_t max_m, int64_t n, int64_t k, const s
                     " tensors on this CPU (", dtype_name<scalar_t>(), " takes ", route_list(available),
                     *requested == Route::kAvx512Bf16 ? "; avx512-bf16 is lltm-cpu's bfloat16 kernel, for CPUs with "
                                                        "AVX512_BF16"
+                    : *requested == Route::kAvx2Fma ? "; avx2-fma is lltm-cpu's float32 kernel, for float32 and "
+                                                      "bfloat16 on CPUs with AVX2 and FMA"
                                                      : "",
                     "): unset LLTM_CPU_GEMM to choose by measurement, or set one of those");
     candidates = {*requested};
@@ -352,6 +431,14 @@ RightOperand<scalar_t>::RightOperand(Route route, bool trans_b, int64_t max_m, i
     : route_(route), trans_b_(trans_b), max_m_(max_m), n_(n), k_(k), b_(b), ldb_(ldb) {
   if (max_m == 0 || n == 0 || k == 0) {
     return;
+  }
+  if constexpr (!std::is_same_v<scalar_t, double>) {
+    if (route_ == Route::kAvx2Fma) {
+      using bits_t = std::conditional_t<std::is_same_v<scalar_t, float>, float, uint16_t>;
+      buffer_ = allocate(gemm_f32::packed_elements(n, k) * sizeof(float));
+      gemm_f32::pack(trans_b, n, k, reinterpret_cast<const bits_t*>(b), ldb, static_cast<float*>(buffer_));
+      return;
+    }
   }
   if constexpr (std::is_same_v<scalar_t, float>) {
     if (route_ == Route::kMklPacked && fits_int({max_m, n, k, ldb})) {
@@ -388,6 +475,14 @@ void RightOperand<scalar_t>::multiply(int64_t m, const scalar_t* a, int64_t lda,
   if (k_ == 0) {
     zero_or_keep(m, n_, accumulate, c, ldc);
     return;
+  }
+  if constexpr (!std::is_same_v<scalar_t, double>) {
+    if (route_ == Route::kAvx2Fma) {
+      using bits_t = std::conditional_t<std::is_same_v<scalar_t, float>, float, uint16_t>;
+      gemm_f32::multiply(false, m, n_, k_, reinterpret_cast<const bits_t*>(a), lda, static_cast<const float*>(buffer_),
+                         accumulate, c, ldc);
+      return;
+    }
   }
   if constexpr (std::is_same_v<scalar_t, float>) {
     if (route_ == Route::kMklPacked && buffer_ != nullptr && fits_int({lda, ldc})) {

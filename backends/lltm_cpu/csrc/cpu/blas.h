@@ -12,18 +12,22 @@
 //   millisecond, and the fastest is kept (recurrent_route).  The routes:
 //   MKL's packed and plain GEMMs, called directly (torch's x86-64 builds link
 //   MKL and export its C and Fortran symbols, found at run time with dlsym:
-//   MKL's ABI, not torch's), lltm-cpu's own AVX512_BF16 kernel
-//   (gemm_bf16_avx512.cpp), and torch's mm through the stable C shim
+//   MKL's ABI, not torch's), lltm-cpu's own kernels (AVX2 FMA for float32
+//   and bfloat16, gemm_f32_avx2.cpp; AVX512_BF16, gemm_bf16_avx512.cpp),
+//   and torch's mm through the stable C shim
 //   (aoti_torch_cpu_mm_out), which every torch has;
-// * the GEMMs over all steps (gemm): MKL where torch has it, else the shim.
+// * the GEMMs over all steps (gemm): in float32, lltm-cpu's AVX2 FMA kernel
+//   or MKL, the faster measured at the shape's first use; MKL in float64;
+//   else the shim.
 //
 // torch's brgemm and oneDNN matmul are ATen internals, outside the stable
 // ABI: what they were worth on each CPU measured is in
 // benchmarks/results/cpu_sequence.md.
 //
-// LLTM_CPU_GEMM=avx512-bf16|mkl-packed|mkl|aten forces the recurrent GEMMs'
-// route (read once, at first use); a dtype without that route (float64 has
-// no packed GEMM, only bfloat16 has avx512-bf16) is an error, not a quiet
+// LLTM_CPU_GEMM=avx512-bf16|avx2-fma|mkl-packed|mkl|aten forces the recurrent
+// GEMMs' route (read once, at first use); a dtype without that route (float64
+// has neither packed GEMM nor own kernel, only bfloat16 has avx512-bf16) is an
+// error, not a quiet
 // substitute; "aten" also sends the GEMMs over all steps to the shim.
 #pragma once
 
@@ -38,7 +42,7 @@ namespace lltm_cpu {
 namespace blas {
 
 // The table of routes, in the order they are offered and reported.
-enum class Route { kAvx512Bf16, kMklPacked, kMkl, kAten };
+enum class Route { kAvx512Bf16, kAvx2Fma, kMklPacked, kMkl, kAten };
 
 const char* route_name(Route route);
 
@@ -67,7 +71,7 @@ Route recurrent_route(bool trans_b, int64_t max_m, int64_t n, int64_t k, const s
 // The right-hand operand op(B) (k x n) of many GEMMs with the same n and k
 // and at most `max_m` rows: the recurrent weights of the time loop, laid out
 // once for its route (packed for MKL's packed GEMM and for lltm-cpu's
-// bfloat16 kernel).  The product accumulates in acc_t, float for bfloat16, so C is
+// kernels).  The product accumulates in acc_t, float for bfloat16, so C is
 // acc_t.  Build and use it on one thread, with the same MKL thread setting
 // (MKL asks for that of its packed format).
 template <typename scalar_t>

@@ -1,0 +1,31 @@
+// lltm-cpu's float32 micro-kernel (gemm_f32_avx2.cpp, compiled with AVX2 and
+// FMA and called only where the CPU has them: see blas.cpp).  It serves the
+// recurrent GEMMs of float32 and of bfloat16: a bfloat16 B is widened to float
+// once, when packed, and a bfloat16 A as it is read, so every product is exact
+// and summed in float, as a bfloat16 GEMM with float accumulation does.
+// bfloat16 values are passed as their 16 bits.
+#pragma once
+
+#include <cstdint>
+
+namespace lltm_cpu {
+namespace gemm_f32 {
+
+// The length, in floats, of pack()'s output for a k x n operand.
+int64_t packed_elements(int64_t n, int64_t k);
+
+// op(B) (k x n; B stored n x k if trans_b) into the kernel's layout: blocks
+// of 8 columns, each k rows long, so that columns [8j, n) of a packed B start
+// at packed + 8 j k (a caller may split the columns among threads).
+void pack(bool trans_b, int64_t n, int64_t k, const float* b, int64_t ldb, float* packed);
+void pack(bool trans_b, int64_t n, int64_t k, const uint16_t* b, int64_t ldb, float* packed);
+
+// C (m x n, float) = op(A) (m x k; A stored k x m if trans_a) times the
+// packed B, plus C if accumulate.
+void multiply(bool trans_a, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* packed,
+              bool accumulate, float* c, int64_t ldc);
+void multiply(bool trans_a, int64_t m, int64_t n, int64_t k, const uint16_t* a, int64_t lda, const float* packed,
+              bool accumulate, float* c, int64_t ldc);
+
+}  // namespace gemm_f32
+}  // namespace lltm_cpu
