@@ -19,7 +19,8 @@ round; the report gives each ratio's median over the rounds, checked against the
 times, and lltm_cpu.gemm_routes(): each GEMM's and time loop's chosen route with what every candidate
 measured.  Prints Markdown (also written to --output); sets no tuning variable and reports any set.
 
-    python benchmarks/bench_cpu_sequence.py                  # everything, about 3 minutes on 2 cores
+    python benchmarks/bench_cpu_sequence.py                  # everything: about 3 minutes on 2 AVX-512 cores,
+                                                             # 17 on AVX2 only (nn.LSTM's bfloat16 is 8 s a call)
     python benchmarks/bench_cpu_sequence.py --rounds 5      # a quick check of direction
 """
 
