@@ -13,6 +13,7 @@ import torch.nn.functional as F
 
 import lltm_core
 import lltm_cpu
+from cpu_flags import cpu_flags
 from lltm_core.testing import compare_with_reference, make_inputs, tolerance
 
 # Fresh inputs each run, seeded from the kit's --lltm-seed, which a failure prints.
@@ -41,11 +42,9 @@ def test_other_isa_builds(capability):
     # torch's own AVX-512 kernels, and dies of SIGILL): ask the CPU first.
     needs = {"default": set(), "avx2": {"avx2", "fma"}, "avx512": {"avx2", "fma", "avx512f", "avx512bw", "avx512vl",
                                                                     "avx512dq"}}[capability]
-    if os.path.exists("/proc/cpuinfo"):
-        with open("/proc/cpuinfo") as f:
-            flags = set(next((line for line in f if line.startswith("flags")), "").split())
-        if not needs <= flags:
-            pytest.skip(f"this CPU has no {' '.join(sorted(needs - flags))}: it cannot run {capability}")
+    flags = cpu_flags()
+    if flags and not needs <= flags:
+        pytest.skip(f"this CPU has no {' '.join(sorted(needs - flags))}: it cannot run {capability}")
     env = {**os.environ, "ATEN_CPU_CAPABILITY": capability}
     probe = [sys.executable, "-c", "import torch; print(torch.backends.cpu.get_cpu_capability())"]
     chosen = subprocess.run(probe, env=env, capture_output=True, text=True, check=True).stdout.strip()

@@ -20,6 +20,7 @@ import torch
 import lltm_core
 import lltm_cpu
 import lltm_ref
+from cpu_flags import cpu_flags
 from lltm_core.testing import make_sequence_inputs, max_rel_error, reference_sequence, tolerance
 
 pytestmark = pytest.mark.usefixtures("lltm_seed")
@@ -558,17 +559,9 @@ def kit_selection(route: str) -> str:
     return selection
 
 
-def cpu_flags() -> list[str]:
-    """This CPU's feature flags, as /proc/cpuinfo lists them (none elsewhere)."""
-    if not os.path.exists("/proc/cpuinfo"):
-        return []
-    with open("/proc/cpuinfo") as f:
-        return next((line for line in f if line.startswith("flags")), "").split()
-
-
 def avx2_fma_kernel() -> bool:
     """Whether lltm-cpu's own float32 kernel can run here: it is then a measured route."""
-    return {"avx2", "fma"} <= set(cpu_flags()) and torch.backends.cpu.get_cpu_capability() != "DEFAULT"
+    return {"avx2", "fma"} <= cpu_flags() and torch.backends.cpu.get_cpu_capability() != "DEFAULT"
 
 
 def avx512_bf16_kernel() -> bool:

@@ -203,7 +203,7 @@ bool has_avx2_fma() {
 // its column tiles, where C is wider than tall).
 void own_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,
               const float* b, int64_t ldb, bool accumulate, float* c, int64_t ldc) {
-  constexpr int64_t kBlock = 8, kTileRows = 4, kTileColumns = 24;  // gemm_f32_avx2.cpp's packing and micro-tile
+  using gemm_f32::kBlock, gemm_f32::kTileColumns, gemm_f32::kTileRows;
   std::vector<float> packed(gemm_f32::packed_elements(n, k));
   parallel_for(0, (n + kBlock - 1) / kBlock, 1, [&](int64_t first, int64_t last) {
     const int64_t col = first * kBlock, cols = std::min(n, last * kBlock) - col;

@@ -11,6 +11,12 @@
 namespace lltm_cpu {
 namespace gemm_f32 {
 
+// The packing's and the micro-tile's sizes, for a caller that splits a GEMM
+// among threads (blas.cpp): split on these and every part keeps whole tiles.
+constexpr int64_t kBlock = 8;         // columns per packed block: one vector of floats
+constexpr int64_t kTileRows = 4;      // rows per micro-tile
+constexpr int64_t kTileColumns = 24;  // columns per micro-tile: 3 blocks
+
 // The length, in floats, of pack()'s output for a k x n operand.
 int64_t packed_elements(int64_t n, int64_t k);
 

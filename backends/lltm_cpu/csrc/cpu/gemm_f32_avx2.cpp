@@ -30,9 +30,8 @@ namespace lltm_cpu {
 namespace gemm_f32 {
 namespace {
 
-constexpr int64_t kBlock = 8;    // columns per packed block: one vector of floats
-constexpr int64_t kRows = 4;     // rows per micro-tile
-constexpr int64_t kBlocks = 3;   // column blocks per micro-tile (24 columns)
+constexpr int64_t kRows = kTileRows;
+constexpr int64_t kBlocks = kTileColumns / kBlock;  // column blocks per micro-tile
 constexpr int64_t kDepth = 256;  // rows of B per slice: 3 blocks x 256 x 4 bytes = 24 KiB
 constexpr int64_t kPanelRows = 96;  // rows of A per pass over B's column tiles: 96 KiB of a slice, in L2
 
