@@ -33,6 +33,8 @@ ISA_SOURCES = (
         "csrc/cpu/pointwise_avx512.cpp": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mfma"],
         # lltm-cpu's bfloat16 micro-kernel (blas.cpp calls it only where the CPU has AVX512_BF16).
         "csrc/cpu/gemm_bf16_avx512.cpp": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512bf16"],
+        # Its AMX kernel (where the CPU has AMX-BF16 and Linux grants the tiles); GCC 11 or clang 12 on.
+        "csrc/cpu/gemm_bf16_amx.cpp": ["-mamx-tile", "-mamx-bf16"],
     }
     if platform.machine().lower() in ("x86_64", "amd64")
     else {}
@@ -42,9 +44,9 @@ ISA_SOURCES = (
 # ATen or c10 header, or a stable function newer than the target, fails to compile.
 _TARGET_VERSION = f"-DTORCH_TARGET_VERSION=0x{TARGET_TORCH[0]:02x}{TARGET_TORCH[1]:02x}000000000000"
 # -g0: a release library carries no debug sections (they were 95% of its size).
-# LLTM_CPU_AVX2_FMA, LLTM_CPU_AVX512_BF16: gemm_f32_avx2.cpp and gemm_bf16_avx512.cpp
-# are among the objects (x86-64).
+# LLTM_CPU_AVX2_FMA, LLTM_CPU_AVX512_BF16, LLTM_CPU_AMX_BF16: gemm_f32_avx2.cpp,
+# gemm_bf16_avx512.cpp and gemm_bf16_amx.cpp are among the objects (x86-64).
 COMPILE_FLAGS = ["-O3", "-g0", _TARGET_VERSION,
-                 *(["-DLLTM_CPU_AVX2_FMA", "-DLLTM_CPU_AVX512_BF16"] if ISA_SOURCES else [])]
+                 *(["-DLLTM_CPU_AVX2_FMA", "-DLLTM_CPU_AVX512_BF16", "-DLLTM_CPU_AMX_BF16"] if ISA_SOURCES else [])]
 # -s: no symbol table beyond the dynamic one, which loading needs.
 LINK_FLAGS = ["-s"]

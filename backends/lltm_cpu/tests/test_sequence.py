@@ -28,8 +28,9 @@ pytestmark = pytest.mark.usefixtures("lltm_seed")
 DTYPES = [torch.float32, torch.float64, torch.bfloat16]
 # (T, B, I, S): length-1 sequences, one row, odd sizes that leave partial
 # vectors at every ISA's width, a batch that splits unevenly over threads, a
-# state past 1024, and one row with GEMMs large enough to run on MKL's threads.
-SHAPES = [(1, 1, 1, 1), (4, 3, 5, 7), (5, 33, 6, 129), (2, 2, 3, 1100), (2, 1, 3, 1200)]
+# state past 1024, one row with GEMMs large enough to run on MKL's threads, and
+# blocks of 16 rows by K 64 / 192, which the AMX kernel reads in place (no padding).
+SHAPES = [(1, 1, 1, 1), (4, 3, 5, 7), (5, 33, 6, 129), (2, 2, 3, 1100), (2, 1, 3, 1200), (3, 32, 5, 64)]
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -380,7 +381,7 @@ def test_routes_measured_once_per_shape(dtype):
         if os.environ.get(variable):
             pytest.skip(f"{variable}={os.environ[variable]} chose the route or the GEMMs' shapes")
     offered = {torch.float32: {"avx2-fma", "mkl-packed", "mkl", "aten"}, torch.float64: {"mkl", "aten"},
-               torch.bfloat16: {"avx512-bf16", "avx2-fma", "mkl", "aten"}}[dtype]
+               torch.bfloat16: {"amx-bf16", "avx512-bf16", "avx2-fma", "mkl", "aten"}}[dtype]
     name = {torch.float32: "float32", torch.float64: "float64", torch.bfloat16: "bfloat16"}[dtype]
     T, B, I = 3, 5, 4
     S = {torch.float32: 45, torch.float64: 46, torch.bfloat16: 47}[dtype]  # a shape no other test runs
@@ -407,7 +408,8 @@ def test_routes_measured_once_per_shape(dtype):
             times = record["measured_us"]
             assert record["source"] == "measured" and set(times) <= offered and len(times) >= 2, record
             assert all(us > 0 for us in times.values()) and record["chosen"] == min(times, key=times.get), record
-    own = [route for route, runs in (("avx512-bf16", dtype == torch.bfloat16 and avx512_bf16_kernel()),
+    own = [route for route, runs in (("amx-bf16", dtype == torch.bfloat16 and amx_bf16_kernel()),
+                                     ("avx512-bf16", dtype == torch.bfloat16 and avx512_bf16_kernel()),
                                      ("avx2-fma", dtype != torch.float64 and avx2_fma_kernel())) if runs]
     for route in own:  # lltm-cpu's own kernels are among those timed
         assert all(route in record["measured_us"] for record in chosen), (route, chosen)
@@ -486,8 +488,9 @@ def run_this_file(env: dict, seed: int, *extra: str) -> subprocess.CompletedProc
 
 # What LLTM_CPU_GEMM=<route> gives each dtype's recurrent GEMMs where torch
 # has MKL: the route itself, or, for a dtype without it (float64 has no
-# packed GEMM nor own kernel, only bfloat16 has avx512-bf16), an error naming the dtype.
+# packed GEMM nor own kernel, only bfloat16 has amx-bf16 and avx512-bf16), an error naming the dtype.
 FORCED = {
+    "amx-bf16": {"float32": None, "float64": None, "bfloat16": "amx-bf16"},
     "avx512-bf16": {"float32": None, "float64": None, "bfloat16": "avx512-bf16"},
     "avx2-fma": {"float32": "avx2-fma", "float64": None, "bfloat16": "avx2-fma"},
     "mkl-packed": {"float32": "mkl-packed", "float64": None, "bfloat16": None},
@@ -517,6 +520,9 @@ def test_forced_gemm_routes_in_subprocess(route, lltm_seed):
     if route == "avx512-bf16" and not avx512_bf16_kernel():
         pytest.skip("this CPU has no AVX512_BF16 (or ATEN_CPU_CAPABILITY is below avx512): lltm-cpu's bfloat16 "
                     "kernel never runs here")
+    if route == "amx-bf16" and not amx_bf16_kernel():
+        pytest.skip("this CPU has no AMX-BF16 (or ATEN_CPU_CAPABILITY is below avx512): lltm-cpu's AMX kernel never "
+                    "runs here")
     if route == "avx2-fma" and not avx2_fma_kernel():
         pytest.skip("this CPU has no AVX2 and FMA (or ATEN_CPU_CAPABILITY=default): lltm-cpu's float32 kernel "
                     "never runs here")
@@ -542,8 +548,8 @@ def test_forced_gemm_routes_in_subprocess(route, lltm_seed):
     # Skipped only: the kit's checks of can_run / should_run, which lltm-cpu does not define.
     skips = [line for line in run.stdout.splitlines() if line.startswith("SKIPPED")]
     assert " passed" in run.stdout and all("no can_run or should_run" in line for line in skips), run.stdout[-2000:]
-    if route in ("avx512-bf16", "avx2-fma"):  # lltm-cpu's own kernels: this file's odd shapes too (partial tiles, odd K)
-        dtypes = "bfloat16" if route == "avx512-bf16" else "(bfloat16 or float32)"
+    if route in ("amx-bf16", "avx512-bf16", "avx2-fma"):  # own kernels: this file's odd shapes too (partial tiles, odd K)
+        dtypes = "(bfloat16 or float32)" if route == "avx2-fma" else "bfloat16"
         run = run_this_file({"LLTM_CPU_GEMM": route}, lltm_seed, "-k", f"matches and {dtypes} and not in_subprocess")
         assert run.returncode == 0, f"with LLTM_CPU_GEMM={route}:\n{run.stdout[-4000:]}{run.stderr[-2000:]}"
 
@@ -569,6 +575,12 @@ def avx512_bf16_kernel() -> bool:
     return "avx512_bf16" in cpu_flags() and torch.backends.cpu.get_cpu_capability() == "AVX512"
 
 
+def amx_bf16_kernel() -> bool:
+    """Whether lltm-cpu's AMX kernel can run here (Linux lists the flags only where it hands out the
+    tiles): it is then a measured route."""
+    return {"amx_bf16", "amx_tile"} <= cpu_flags() and avx512_bf16_kernel()
+
+
 _BAD_SETTING_PROBE = """
 import json, torch, lltm_core
 from lltm_core.testing import make_sequence_inputs
@@ -580,7 +592,7 @@ print(json.dumps({"available": report["status"] == "available", "reason": report
 
 
 @pytest.mark.parametrize("variable, value, message", [
-    ("LLTM_CPU_GEMM", "fast", "LLTM_CPU_GEMM must be avx512-bf16, avx2-fma, mkl-packed, mkl or aten (or unset), got 'fast'"),
+    ("LLTM_CPU_GEMM", "fast", "LLTM_CPU_GEMM must be amx-bf16, avx512-bf16, avx2-fma, mkl-packed, mkl or aten (or unset), got 'fast'"),
     ("LLTM_CPU_SPLIT", "diagonal", "LLTM_CPU_SPLIT must be rows or columns (or unset), got 'diagonal'"),
 ])
 def test_bad_setting_makes_the_backend_unavailable_in_subprocess(variable, value, message):

@@ -292,11 +292,26 @@ bool has_avx512_bf16() {
 #endif
 }
 
+// lltm-cpu's AMX kernel: where it was compiled (x86-64 with a compiler that
+// has AMX), the CPU has AVX512_BF16 and AMX-BF16 as above, and Linux grants
+// this process the tiles.
+bool has_amx_bf16() {
+#if defined(LLTM_CPU_AMX_BF16)
+  static const bool has = has_avx512_bf16() && gemm_bf16::amx::usable();
+  return has;
+#else
+  return false;
+#endif
+}
+
 // The routes offered for the dtype's recurrent GEMMs on this CPU and torch.
 template <typename scalar_t>
 std::vector<Route> recurrent_candidates() {
   std::vector<Route> routes;
   if constexpr (std::is_same_v<scalar_t, c10::BFloat16>) {
+    if (has_amx_bf16()) {
+      routes.push_back(Route::kAmxBf16);
+    }
     if (has_avx512_bf16()) {
       routes.push_back(Route::kAvx512Bf16);
     }
@@ -339,6 +354,8 @@ void* allocate(size_t bytes) {
 
 const char* route_name(Route route) {
   switch (route) {
+    case Route::kAmxBf16:
+      return "amx-bf16";
     case Route::kAvx512Bf16:
       return "avx512-bf16";
     case Route::kAvx2Fma:
@@ -357,13 +374,13 @@ std::optional<Route> requested_route() {
   static const std::optional<Route> route = []() -> std::optional<Route> {
     const char* env = std::getenv("LLTM_CPU_GEMM");
     const std::string wanted = env == nullptr ? "" : env;
-    for (const Route candidate : {Route::kAvx512Bf16, Route::kAvx2Fma, Route::kMklPacked, Route::kMkl, Route::kAten}) {
+    for (const Route candidate : {Route::kAmxBf16, Route::kAvx512Bf16, Route::kAvx2Fma, Route::kMklPacked, Route::kMkl, Route::kAten}) {
       if (wanted == route_name(candidate)) {
         return candidate;
       }
     }
     LLTM_CHECK(wanted.empty(),
-                    "lltm_cpu: LLTM_CPU_GEMM must be avx512-bf16, avx2-fma, mkl-packed, mkl or aten (or unset), got '", wanted,
+                    "lltm_cpu: LLTM_CPU_GEMM must be amx-bf16, avx512-bf16, avx2-fma, mkl-packed, mkl or aten (or unset), got '", wanted,
                     "'");
     return std::nullopt;
   }();
@@ -395,8 +412,10 @@ Route recurrent_route(bool trans_b, int64_t max_m, int64_t n, int64_t k, const s
     LLTM_CHECK(std::find(available.begin(), available.end(), *requested) != available.end(),
                     "lltm_cpu: LLTM_CPU_GEMM=", route_name(*requested), " has no route for ", dtype_name<scalar_t>(),
                     " tensors on this CPU (", dtype_name<scalar_t>(), " takes ", route_list(available),
-                    *requested == Route::kAvx512Bf16 ? "; avx512-bf16 is lltm-cpu's bfloat16 kernel, for CPUs with "
-                                                       "AVX512_BF16"
+                    *requested == Route::kAmxBf16 ? "; amx-bf16 is lltm-cpu's bfloat16 kernel for CPUs with AMX-BF16 "
+                                                    "(and a Linux that grants the process its tiles)"
+                    : *requested == Route::kAvx512Bf16 ? "; avx512-bf16 is lltm-cpu's bfloat16 kernel, for CPUs with "
+                                                         "AVX512_BF16"
                     : *requested == Route::kAvx2Fma ? "; avx2-fma is lltm-cpu's float32 kernel, for float32 and "
                                                       "bfloat16 on CPUs with AVX2 and FMA"
                                                      : "",
@@ -450,9 +469,14 @@ RightOperand<scalar_t>::RightOperand(Route route, bool trans_b, int64_t max_m, i
                    static_cast<int>(k), 1.0f, b, static_cast<int>(ldb), static_cast<float*>(buffer_));
     }
   } else if constexpr (std::is_same_v<scalar_t, c10::BFloat16>) {
-    if (route_ == Route::kAvx512Bf16) {
-      buffer_ = allocate(gemm_bf16::packed_elements(n, k) * sizeof(uint16_t));
-      gemm_bf16::pack(trans_b, n, k, reinterpret_cast<const uint16_t*>(b), ldb, static_cast<uint16_t*>(buffer_));
+    if (route_ == Route::kAvx512Bf16 || route_ == Route::kAmxBf16) {
+      const int64_t depth_multiple = route_ == Route::kAmxBf16 ? gemm_bf16::amx::kDepth : 2;
+      buffer_ = allocate(gemm_bf16::packed_elements(n, k, depth_multiple) * sizeof(uint16_t));
+      gemm_bf16::pack(trans_b, n, k, reinterpret_cast<const uint16_t*>(b), ldb, static_cast<uint16_t*>(buffer_),
+                      depth_multiple);
+      if (route_ == Route::kAmxBf16) {
+        scratch_ = allocate(gemm_bf16::amx::scratch_elements(max_m, k) * sizeof(uint16_t));
+      }
     } else if (route_ == Route::kAten) {
       scratch_ = allocate(max_m * n * sizeof(c10::BFloat16));  // the product, before widening
     }
@@ -493,6 +517,12 @@ void RightOperand<scalar_t>::multiply(int64_t m, const scalar_t* a, int64_t lda,
     }
   }
   if constexpr (std::is_same_v<scalar_t, c10::BFloat16>) {
+    if (route_ == Route::kAmxBf16) {
+      gemm_bf16::amx::multiply(m, n_, k_, reinterpret_cast<const uint16_t*>(a), lda,
+                               static_cast<const uint16_t*>(buffer_), accumulate, c, ldc,
+                               static_cast<uint16_t*>(scratch_));
+      return;
+    }
     if (route_ == Route::kAvx512Bf16) {
       gemm_bf16::multiply(m, n_, k_, reinterpret_cast<const uint16_t*>(a), lda, static_cast<const uint16_t*>(buffer_),
                           accumulate, c, ldc);

@@ -13,7 +13,8 @@
 //   MKL's packed and plain GEMMs, called directly (torch's x86-64 builds link
 //   MKL and export its C and Fortran symbols, found at run time with dlsym:
 //   MKL's ABI, not torch's), lltm-cpu's own kernels (AVX2 FMA for float32
-//   and bfloat16, gemm_f32_avx2.cpp; AVX512_BF16, gemm_bf16_avx512.cpp),
+//   and bfloat16, gemm_f32_avx2.cpp; AVX512_BF16, gemm_bf16_avx512.cpp;
+//   AMX tiles for bfloat16, gemm_bf16_amx.cpp),
 //   and torch's mm through the stable C shim
 //   (aoti_torch_cpu_mm_out), which every torch has;
 // * the GEMMs over all steps (gemm): in float32, lltm-cpu's AVX2 FMA kernel
@@ -24,9 +25,10 @@
 // ABI: what they were worth on each CPU measured is in
 // benchmarks/results/cpu_sequence.md.
 //
-// LLTM_CPU_GEMM=avx512-bf16|avx2-fma|mkl-packed|mkl|aten forces the recurrent
-// GEMMs' route (read once, at first use); a dtype without that route (float64
-// has neither packed GEMM nor own kernel, only bfloat16 has avx512-bf16) is an
+// LLTM_CPU_GEMM=amx-bf16|avx512-bf16|avx2-fma|mkl-packed|mkl|aten forces the
+// recurrent GEMMs' route (read once, at first use); a dtype without that route
+// (float64 has neither packed GEMM nor own kernel, only bfloat16 has amx-bf16
+// and avx512-bf16) is an
 // error, not a quiet
 // substitute; "aten" also sends the GEMMs over all steps to the shim.
 #pragma once
@@ -42,7 +44,7 @@ namespace lltm_cpu {
 namespace blas {
 
 // The table of routes, in the order they are offered and reported.
-enum class Route { kAvx512Bf16, kAvx2Fma, kMklPacked, kMkl, kAten };
+enum class Route { kAmxBf16, kAvx512Bf16, kAvx2Fma, kMklPacked, kMkl, kAten };
 
 const char* route_name(Route route);
 
@@ -94,7 +96,7 @@ class RightOperand {
   const scalar_t* b_;
   int64_t ldb_;
   void* buffer_ = nullptr;   // op(B) laid out for the route, or nullptr
-  void* scratch_ = nullptr;  // bfloat16: A widened to float, or the product before widening
+  void* scratch_ = nullptr;  // bfloat16: A padded to whole tiles (amx-bf16), or the product before widening (aten)
 };
 
 // While it lives, MKL calls made on this thread run on this thread alone

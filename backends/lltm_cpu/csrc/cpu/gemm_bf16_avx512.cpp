@@ -29,14 +29,13 @@ namespace lltm_cpu {
 namespace gemm_bf16 {
 namespace {
 
-constexpr int64_t kBlock = 16;  // columns per packed block: one vector of floats
 constexpr int64_t kRows = 4;    // rows per micro-tile
 constexpr int64_t kBlocks = 4;  // column blocks per micro-tile (64 columns)
 
 // One micro-tile: rows [0, rows) (rows <= kRows) by column blocks [0, blocks)
 // (blocks <= kBlocks) of C, the last block `last_cols` wide.
 template <int64_t R, int64_t NB>
-void tile(int64_t k, const uint16_t* a, int64_t lda, const uint16_t* packed, int64_t block_stride, bool accumulate,
+void tile(int64_t k, const uint16_t* a, int64_t lda, const uint16_t* packed, int64_t stride, bool accumulate,
           float* c, int64_t ldc, int64_t last_cols) {
   __m512 acc[R][NB];
   for (int64_t r = 0; r < R; ++r) {
@@ -48,7 +47,7 @@ void tile(int64_t k, const uint16_t* a, int64_t lda, const uint16_t* packed, int
   for (int64_t p = 0; p < pairs; ++p) {
     __m512i b[NB];
     for (int64_t q = 0; q < NB; ++q) {
-      b[q] = _mm512_loadu_si512(packed + q * block_stride + p * 2 * kBlock);
+      b[q] = _mm512_loadu_si512(packed + q * stride + p * 2 * kBlock);
     }
     for (int64_t r = 0; r < R; ++r) {
       int32_t pair;
@@ -62,7 +61,7 @@ void tile(int64_t k, const uint16_t* a, int64_t lda, const uint16_t* packed, int
   if (k % 2 != 0) {  // the last row of B, paired with zeros in the packing and here
     __m512i b[NB];
     for (int64_t q = 0; q < NB; ++q) {
-      b[q] = _mm512_loadu_si512(packed + q * block_stride + pairs * 2 * kBlock);
+      b[q] = _mm512_loadu_si512(packed + q * stride + pairs * 2 * kBlock);
     }
     for (int64_t r = 0; r < R; ++r) {
       const __m512i a_pair = _mm512_set1_epi32(static_cast<int32_t>(a[r * lda + k - 1]));
@@ -116,22 +115,41 @@ Tile tile_for(int64_t rows, int64_t blocks) {
 
 }  // namespace
 
-int64_t packed_elements(int64_t n, int64_t k) { return (n + kBlock - 1) / kBlock * ((k + 1) / 2) * 2 * kBlock; }
+int64_t packed_elements(int64_t n, int64_t k, int64_t depth_multiple) {
+  return (n + kBlock - 1) / kBlock * block_stride(k, depth_multiple);
+}
 
-void pack(bool trans_b, int64_t n, int64_t k, const uint16_t* b, int64_t ldb, uint16_t* packed) {
-  const int64_t pairs = (k + 1) / 2, block_stride = pairs * 2 * kBlock;
-  std::fill(packed, packed + packed_elements(n, k), uint16_t{0});
-  for (int64_t row = 0; row < k; ++row) {
+int64_t block_stride(int64_t k, int64_t depth_multiple) {
+  return (k + depth_multiple - 1) / depth_multiple * depth_multiple * kBlock;
+}
+
+// Each packed pair (B[2p][j], B[2p+1][j]) is one 32-bit word: both loops run
+// along B's memory, so packing reads every cache line of B once.
+void pack(bool trans_b, int64_t n, int64_t k, const uint16_t* b, int64_t ldb, uint16_t* packed,
+          int64_t depth_multiple) {
+  const int64_t stride = block_stride(k, depth_multiple);
+  std::fill(packed, packed + packed_elements(n, k, depth_multiple), uint16_t{0});
+  const auto at = [&](int64_t row, int64_t col) -> uint16_t& {
+    return packed[(col / kBlock) * stride + (row / 2) * 2 * kBlock + (col % kBlock) * 2 + row % 2];
+  };
+  if (trans_b) {  // B stored n x k: row `col` of the storage holds column col of op(B)
     for (int64_t col = 0; col < n; ++col) {
-      const uint16_t value = trans_b ? b[col * ldb + row] : b[row * ldb + col];
-      packed[(col / kBlock) * block_stride + (row / 2) * 2 * kBlock + (col % kBlock) * 2 + row % 2] = value;
+      for (int64_t row = 0; row < k; ++row) {
+        at(row, col) = b[col * ldb + row];
+      }
+    }
+  } else {
+    for (int64_t row = 0; row < k; ++row) {
+      for (int64_t col = 0; col < n; ++col) {
+        at(row, col) = b[row * ldb + col];
+      }
     }
   }
 }
 
 void multiply(int64_t m, int64_t n, int64_t k, const uint16_t* a, int64_t lda, const uint16_t* packed,
               bool accumulate, float* c, int64_t ldc) {
-  const int64_t block_stride = (k + 1) / 2 * 2 * kBlock;
+  const int64_t stride = block_stride(k, 2);
   const int64_t blocks = (n + kBlock - 1) / kBlock;
   // Column tiles outside, rows inside: a tile's packed B (64 columns x k)
   // stays in cache while every row block passes over it.
@@ -140,7 +158,7 @@ void multiply(int64_t m, int64_t n, int64_t k, const uint16_t* a, int64_t lda, c
     const int64_t last_cols = std::min(kBlock, n - (block + tile_blocks - 1) * kBlock);
     for (int64_t row = 0; row < m; row += kRows) {
       const int64_t tile_rows = std::min(kRows, m - row);
-      tile_for(tile_rows, tile_blocks)(k, a + row * lda, lda, packed + block * block_stride, block_stride, accumulate,
+      tile_for(tile_rows, tile_blocks)(k, a + row * lda, lda, packed + block * stride, stride, accumulate,
                                        c + row * ldc + block * kBlock, ldc, last_cols);
     }
   }
