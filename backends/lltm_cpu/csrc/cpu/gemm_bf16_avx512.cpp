@@ -123,25 +123,35 @@ int64_t block_stride(int64_t k, int64_t depth_multiple) {
   return (k + depth_multiple - 1) / depth_multiple * depth_multiple * kBlock;
 }
 
-// Each packed pair (B[2p][j], B[2p+1][j]) is one 32-bit word: both loops run
-// along B's memory, so packing reads every cache line of B once.
+// Each packed pair (B[2p][j], B[2p+1][j]) is one 32-bit word, the even row's
+// value in its low half; both loops run along B's memory.  Called once per
+// sequence and thread, on up to all of W_h: its cost shows at small T
+// (benchmarks/results/cpu_sequence.md).
 void pack(bool trans_b, int64_t n, int64_t k, const uint16_t* b, int64_t ldb, uint16_t* packed,
           int64_t depth_multiple) {
-  const int64_t stride = block_stride(k, depth_multiple);
+  const int64_t stride = block_stride(k, depth_multiple), pairs = k / 2;
   std::fill(packed, packed + packed_elements(n, k, depth_multiple), uint16_t{0});
-  const auto at = [&](int64_t row, int64_t col) -> uint16_t& {
-    return packed[(col / kBlock) * stride + (row / 2) * 2 * kBlock + (col % kBlock) * 2 + row % 2];
+  const auto put = [&](int64_t pair, int64_t col, uint32_t value) {
+    std::memcpy(packed + (col / kBlock) * stride + pair * 2 * kBlock + (col % kBlock) * 2, &value, sizeof(value));
   };
   if (trans_b) {  // B stored n x k: row `col` of the storage holds column col of op(B)
     for (int64_t col = 0; col < n; ++col) {
-      for (int64_t row = 0; row < k; ++row) {
-        at(row, col) = b[col * ldb + row];
+      const uint16_t* source = b + col * ldb;
+      for (int64_t pair = 0; pair < pairs; ++pair) {
+        uint32_t value;
+        std::memcpy(&value, source + 2 * pair, sizeof(value));
+        put(pair, col, value);
+      }
+      if (k % 2 != 0) {
+        put(pairs, col, source[k - 1]);
       }
     }
   } else {
-    for (int64_t row = 0; row < k; ++row) {
+    for (int64_t pair = 0; pair < (k + 1) / 2; ++pair) {
+      const uint16_t* even = b + 2 * pair * ldb;
+      const uint16_t* odd = 2 * pair + 1 < k ? even + ldb : nullptr;
       for (int64_t col = 0; col < n; ++col) {
-        at(row, col) = b[row * ldb + col];
+        put(pair, col, even[col] | (odd != nullptr ? uint32_t{odd[col]} << 16 : 0u));
       }
     }
   }
