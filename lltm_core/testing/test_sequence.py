@@ -216,8 +216,9 @@ def _requires_v3(backend):
                     f"sequence_forward takes no needs_backward (version 3), so lltm-core drops what it saves")
 
 
-@pytest.mark.parametrize("reverse", [False, True], ids=["forward", "reverse"])
-@pytest.mark.parametrize("with_lengths", [False, True], ids=["full", "lengths"])
+# Lengths and direction each once per dtype: the reference tests cover every pairing, and this
+# 301-step sequence is among the kit's slowest tests under Triton's interpreter.
+@pytest.mark.parametrize("with_lengths, reverse", [(False, False), (True, True)], ids=["full-forward", "lengths-reverse"])
 def test_inference_forward_keeps_nothing(backend, lltm_device, lltm_dtype, reverse, with_lengths):
     """needs_backward=False: the same results as with a backward to follow, and every saved slot empty.
 
