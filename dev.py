@@ -14,10 +14,14 @@ that very torch.  It is rebuilt when a source file of a distribution changes.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
+import threading
+import time
 import venv
 from pathlib import Path
 
@@ -76,13 +80,67 @@ def ensure_venv() -> None:
     STAMP.write_text(digest)
 
 
-def _report_free_disk() -> None:
-    """Say up front how much disk there is: a full disk otherwise shows only as pip's ENOSPC, mid-run."""
+SESSION_GB = 6  # the cuda session's venv (torch 2.14.1+cu130) with its build, measured during a CI run
+
+
+def _free_disk_gb() -> float:
+    """Said up front: a full disk otherwise shows only as pip's ENOSPC, mid-run."""
     free_gb = shutil.disk_usage(ROOT).free / 2**30
-    need_gb = 6  # the cuda session's venv (torch 2.14.1+cu130) with its build, measured during a CI run
-    print(f"dev.py test: {free_gb:.1f} GB free beside the checkout; the largest session needs about {need_gb} GB", flush=True)
-    if free_gb < need_gb:
+    print(f"dev.py test: {free_gb:.1f} GB free beside the checkout; the largest session needs about {SESSION_GB} GB",
+          flush=True)
+    if free_gb < SESSION_GB:
         print("dev.py test: WARNING: likely too little disk; free some, or run sessions alone (nox -s core ...)", flush=True)
+    return free_gb
+
+
+def _lanes(nox_args: list[str], free_gb: float) -> list[list[str]] | None:
+    """noxfile.LANES, to run side by side: for the default sessions only (no nox option but posargs
+    after "--"), with disk for two sessions at once and more than one core."""
+    options = nox_args[: nox_args.index("--")] if "--" in nox_args else nox_args
+    if options or free_gb < 2 * SESSION_GB or (os.cpu_count() or 1) < 2:
+        return None
+    code = "import json, noxfile; print(json.dumps(noxfile.LANES))"
+    found = subprocess.run([str(PY), "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    return json.loads(found.stdout)
+
+
+def _copy_of_tree(destination: Path) -> Path:
+    """The checkout as it stands, uncommitted changes included, without its venvs and build output."""
+    skip = shutil.ignore_patterns(".git", ".venv", ".nox", "build", "wheelhouse", "__pycache__", "*.egg-info")
+    shutil.copytree(ROOT, destination, ignore=skip, symlinks=True)
+    return destination
+
+
+def _run_lanes(lanes: list[list[str]], nox_args: list[str], env: dict[str, str]) -> int:
+    """Each lane's sessions in order, the lanes side by side, every line of output prefixed with
+    its lane's first session; non-zero when any session fails."""
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="lltm-lanes-") as scratch:
+        runs = []
+        for index, lane in enumerate(lanes):
+            tree = ROOT if index == 0 else _copy_of_tree(Path(scratch) / f"lane{index + 1}")
+            command = [str(BIN / "nox"), "-f", str(tree / "noxfile.py"), "-s", *lane, *nox_args]
+            print(f"dev.py test: lane {index + 1}: {' '.join(lane)} (in {tree})", flush=True)
+            process = subprocess.Popen(command, cwd=tree, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                       text=True, errors="replace", bufsize=1)
+            runs.append((lane, process))
+
+        def relay(prefix: str, stream) -> None:
+            for line in stream:
+                print(f"[{prefix}] {line}", end="", flush=True)
+
+        relays = [threading.Thread(target=relay, args=(f"lane {i + 1}", p.stdout)) for i, (_, p) in enumerate(runs)]
+        for thread in relays:
+            thread.start()
+        codes = [process.wait() for _, process in runs]
+        for thread in relays:
+            thread.join()
+    minutes = (time.monotonic() - started) / 60
+    for index, ((lane, _), code) in enumerate(zip(runs, codes)):
+        print(f"dev.py test: lane {index + 1} ({' '.join(lane)}): {'passed' if code == 0 else f'FAILED (exit {code})'}",
+              flush=True)
+    print(f"dev.py test: {minutes:.1f} min in all", flush=True)
+    return 0 if all(code == 0 for code in codes) else 1
 
 
 def _nox_env(nox_args: list[str]) -> dict[str, str]:
@@ -104,7 +162,9 @@ def main(argv: list[str]) -> int:
     command, rest = argv[0], argv[1:]
     if command == "test":
         ensure_nox()
-        _report_free_disk()
+        lanes = _lanes(rest, _free_disk_gb())
+        if lanes is not None:
+            return _run_lanes(lanes, rest, _nox_env(rest))
         return subprocess.run([str(BIN / "nox"), *rest], cwd=ROOT, env=_nox_env(rest)).returncode
     ensure_venv()
     return subprocess.run([str(BIN / "lltm"), command, *rest], cwd=ROOT).returncode

@@ -39,7 +39,12 @@ WHEELHOUSE = ROOT / "wheelhouse"
 nox.options.default_venv_backend = "venv"
 nox.options.reuse_venv = "no"
 nox.options.error_on_missing_interpreters = True
-nox.options.sessions = ["core", "ref", "cpu", "cross_torch", "cuda", "cuda_emulated", "wheels", "triton"]
+# The default sessions, in two lanes that `python3 dev.py test` runs side by side (each lane in
+# order, the second in a copy of the tree, so that no two builds share a build folder): most of
+# a session is one core's work (pip, a compiler, pytest), and each lane took about 23 minutes of
+# a 46-minute sequential run on a 2-core Xeon.  Builds of one distribution stay in one lane.
+LANES = (["cpu", "cross_torch", "wheels"], ["core", "ref", "cuda", "cuda_emulated", "triton"])
+nox.options.sessions = [name for lane in LANES for name in lane]
 
 
 def _session(func):
@@ -59,17 +64,10 @@ def _session(func):
     return nox.session(run)
 
 
-def _install(session, *args, **kwargs):
-    """pip install into the session's venv, without compiling every installed module to bytecode:
-    that halves torch's install (25 s against 52 s on a 2-core Xeon, seven times a run), and the
-    tests compile only what they import."""
-    session.install("--no-compile", *args, **kwargs)
-
-
 def _setup(session, torch_req=TORCH_CPU, *dists):
     """Fresh venv: pinned torch and build tools first, then lltm distributions from this tree."""
-    _install(session, torch_req, *BUILD_TOOLS, *TEST_TOOLS)
-    _install(session, "--no-build-isolation", "--no-deps", *dists)
+    session.install(torch_req, *BUILD_TOOLS, *TEST_TOOLS)
+    session.install("--no-build-isolation", "--no-deps", *dists)
     session.run("python", "-m", "pip", "check")
 
 
@@ -132,7 +130,7 @@ def cross_torch(session):
     The wheels are built in the nox venv; a second venv (deleted at the end) gets torch 2.14.1
     first, then lltm-core, lltm-ref and lltm-cpu by name from those wheels, as a user installs them.
     """
-    _install(session, TORCH_CPU, *BUILD_TOOLS, *TEST_TOOLS)
+    session.install(TORCH_CPU, *BUILD_TOOLS, *TEST_TOOLS)
     with tempfile.TemporaryDirectory() as tmp:
         wheels = Path(tmp) / "wheels"
         with _source_tree_build_info_untouched(session):
@@ -143,7 +141,7 @@ def cross_torch(session):
         venv = Path(tmp) / "venv"
         session.run("python", "-m", "venv", str(venv))
         python = str(venv / "bin" / "python")
-        session.run(python, "-m", "pip", "install", "-q", "--no-compile", TORCH_CUDA, "pytest", "numpy", external=True)
+        session.run(python, "-m", "pip", "install", "-q", TORCH_CUDA, "pytest", "numpy", external=True)
         session.run(python, "-m", "pip", "install", "-q", "--find-links", str(wheels), "lltm-core", "lltm-ref",
                     "lltm-cpu", external=True)
         wanted = TORCH_CUDA.split("==")[1]
@@ -179,10 +177,10 @@ def cuda(session):
     setup.py must find the toolkit itself (here the nvcc on PATH is a wrapper script).
     """
     env = {"CUDA_HOME": None, "CUDA_PATH": None, "MAX_JOBS": os.environ.get("MAX_JOBS", "2")}
-    _install(session, TORCH_CUDA, *BUILD_TOOLS, *TEST_TOOLS)
-    _install(session, "--no-build-isolation", "--no-deps", ".", "./backends/lltm_ref")
+    session.install(TORCH_CUDA, *BUILD_TOOLS, *TEST_TOOLS)
+    session.install("--no-build-isolation", "--no-deps", ".", "./backends/lltm_ref")
     with _source_tree_build_info_untouched(session):
-        _install(session, "--no-build-isolation", "--no-deps", "./backends/lltm_cuda", env=env)
+        session.install("--no-build-isolation", "--no-deps", "./backends/lltm_cuda", env=env)
     session.run("python", "-c", "from lltm_cuda import _build_info as b; "
                 "print('lltm-cuda was built with the CUDA toolkit at', b.CUDA_HOME)")
     session.run("lltm", "info")
@@ -217,7 +215,7 @@ def cuda_emulated(session):
     """
     _setup(session, TORCH_CPU, ".", "./backends/lltm_ref")
     with _source_tree_build_info_untouched(session):
-        _install(session, "--no-build-isolation", "--no-deps", "./backends/lltm_cuda",
+        session.install("--no-build-isolation", "--no-deps", "./backends/lltm_cuda",
                         env={"LLTM_CUDA_EMULATE": "1", "MAX_JOBS": os.environ.get("MAX_JOBS", "2")})
     session.run("python", "-m", "pip", "check")
     seed = os.environ.get("LLTM_CUDA_EMULATE_SEED") or str(random.SystemRandom().randrange(2**31))
@@ -227,7 +225,7 @@ def cuda_emulated(session):
     _pytest(session, "--pyargs", "lltm_core.testing", "--lltm-backend", "cuda_emulated")
     _pytest(session, str(ROOT / "backends/lltm_cuda/tests"))
     # pip replaces torch only: lltm-cuda-emulated stays as built, against the older torch.
-    _install(session, TORCH_CUDA)
+    session.install(TORCH_CUDA)
     session.run("python", "-m", "pip", "check")
     session.run("lltm", "info")
     # A selection, to keep CI's time: the library and tracing tests, and the kit's sequence
@@ -241,7 +239,7 @@ def cuda_emulated(session):
 @_session
 def wheels(session):
     """Build every distribution's wheel into wheelhouse/, install them into this venv, test from the install."""
-    _install(session, TORCH_CPU, *BUILD_TOOLS, *TEST_TOOLS)
+    session.install(TORCH_CPU, *BUILD_TOOLS, *TEST_TOOLS)
     WHEELHOUSE.mkdir(exist_ok=True)
     for old in WHEELHOUSE.glob("lltm_*.whl"):
         old.unlink()
@@ -249,7 +247,7 @@ def wheels(session):
         for dist in (".", "./backends/lltm_ref", "./backends/lltm_cpu"):
             session.run("python", "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "-w", str(WHEELHOUSE), dist)
     # What a user does: names, not paths, resolved from the wheel folder.
-    _install(session, "--no-index", "--find-links", str(WHEELHOUSE), "lltm-core", "lltm-cpu")
+    session.install("--no-index", "--find-links", str(WHEELHOUSE), "lltm-core", "lltm-cpu")
     session.run("python", "-m", "pip", "check")
     session.run("lltm", "info")
     session.env["LLTM_TEST_INSTALLED"] = "1"
@@ -258,7 +256,7 @@ def wheels(session):
     session.run("python", "-m", "pip", "uninstall", "-y", "lltm-cpu")
     session.run("python", "-W", "error", "-c", _ASSERT_BACKENDS.format(expect="['ref']"))
     # ... and reinstalling picks it up again.
-    _install(session, "--no-index", "--find-links", str(WHEELHOUSE), "lltm-cpu")
+    session.install("--no-index", "--find-links", str(WHEELHOUSE), "lltm-cpu")
     session.run("python", "-W", "error", "-c", _ASSERT_BACKENDS.format(expect="['cpu', 'ref']"))
 
 
@@ -273,8 +271,8 @@ def triton(session):
     gradchecks are most of it).  What it cannot check is in backends/lltm_triton/tests/test_gpu.py,
     run on a GPU by benchmarks/gpu_check.sh.
     """
-    _install(session, TORCH_CPU, TRITON, *BUILD_TOOLS, *TEST_TOOLS)
-    _install(session, "--no-build-isolation", "--no-deps", ".", "./backends/lltm_ref", "./backends/lltm_triton")
+    session.install(TORCH_CPU, TRITON, *BUILD_TOOLS, *TEST_TOOLS)
+    session.install("--no-build-isolation", "--no-deps", ".", "./backends/lltm_ref", "./backends/lltm_triton")
     session.run("python", "-m", "pip", "check")
     session.run("lltm", "info")
     session.env["TRITON_INTERPRET"] = "1"
@@ -294,12 +292,12 @@ def device_torch(session):
     torch) the dry run installs that wheel instead, as the GPU check then does: its library
     must load (dlopen RTLD_NOW, test_library.py) on this older torch.
     """
-    _install(session, TORCH_DEVICE, *BUILD_TOOLS, *TEST_TOOLS)
+    session.install(TORCH_DEVICE, *BUILD_TOOLS, *TEST_TOOLS)
     python = str(Path(session.bin) / "python")
     with tempfile.TemporaryDirectory() as out:
         session.run("bash", str(ROOT / "benchmarks/gpu_check.sh"), external=True,
                     env={"PYTHON": python, "DRY_RUN": "1", "OUT": out, "MAX_JOBS": os.environ.get("MAX_JOBS", "2")})
-    _install(session, "--no-build-isolation", "--no-deps", "./backends/lltm_cpu")
+    session.install("--no-build-isolation", "--no-deps", "./backends/lltm_cpu")
     _pytest(session, str(ROOT / "tests"), str(ROOT / "backends/lltm_cpu/tests"))
     _pytest(session, "--pyargs", "lltm_core.testing", "--lltm-backend", "cpu")
 
