@@ -12,9 +12,11 @@
 #include <climits>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <optional>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <type_traits>
 #include <vector>
 
@@ -254,6 +256,13 @@ Route all_steps_route(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t 
   const bool mkl_here = !std::is_same_v<scalar_t, c10::BFloat16> && mkl().has_gemm() && fits_int({m, n, k, lda, ldb});
   if constexpr (std::is_same_v<scalar_t, float>) {
     if (has_avx2_fma() && (!requested || requested == Route::kAvx2Fma)) {
+      // This thread's choices by shape, read before the key is formatted and the tuning mutex
+      // taken: the per-step cell makes one such GEMM per call.
+      thread_local std::map<std::tuple<int64_t, int64_t, int64_t, bool, bool, int64_t>, Route> chosen;
+      const auto shape = std::make_tuple(m, n, k, trans_a, trans_b, num_threads());
+      if (const auto found = chosen.find(shape); found != chosen.end()) {
+        return found->second;
+      }
       std::vector<Route> candidates = {Route::kAvx2Fma};
       if (mkl_here && !requested) {
         candidates.push_back(Route::kMkl);
@@ -265,7 +274,7 @@ Route all_steps_route(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t 
              << ", \"k\": " << k << ", \"a_transposed\": " << (trans_a ? "true" : "false")
              << ", \"b_transposed\": " << (trans_b ? "true" : "false") << ", \"threads\": " << num_threads()
              << ", \"torch_threads\": " << num_threads();
-      return tuned(key.str(), fields.str(), candidates, [&](Route route) {
+      return chosen[shape] = tuned(key.str(), fields.str(), candidates, [&](Route route) {
         // Timed into C itself where the call overwrites it anyway: a scratch C would raise the peak
         // memory of an inference forward by the gates of a whole chunk.
         std::vector<float> scratch(accumulate ? std::max<int64_t>(m * n, 1) : 0);

@@ -17,11 +17,17 @@ namespace gemm_bf16 {
 
 constexpr int64_t kBlock = 16;  // columns per packed block: one vector of floats, one AMX tile
 
-// The distance, in elements, between consecutive packed blocks.
-int64_t block_stride(int64_t k, int64_t depth_multiple);
+// The distance, in elements, between consecutive packed blocks.  Defined
+// here, so that each kernel's object stands alone (the LLTM_CPU_JIT build
+// makes each a library of its own).
+constexpr int64_t block_stride(int64_t k, int64_t depth_multiple) {
+  return (k + depth_multiple - 1) / depth_multiple * depth_multiple * kBlock;
+}
 
 // The length of pack()'s output for a k x n operand.
-int64_t packed_elements(int64_t n, int64_t k, int64_t depth_multiple);
+constexpr int64_t packed_elements(int64_t n, int64_t k, int64_t depth_multiple) {
+  return (n + kBlock - 1) / kBlock * block_stride(k, depth_multiple);
+}
 
 // op(B) (k x n; B stored n x k if trans_b) into the packed layout.
 void pack(bool trans_b, int64_t n, int64_t k, const uint16_t* b, int64_t ldb, uint16_t* packed,

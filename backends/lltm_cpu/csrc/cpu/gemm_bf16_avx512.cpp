@@ -115,14 +115,6 @@ Tile tile_for(int64_t rows, int64_t blocks) {
 
 }  // namespace
 
-int64_t packed_elements(int64_t n, int64_t k, int64_t depth_multiple) {
-  return (n + kBlock - 1) / kBlock * block_stride(k, depth_multiple);
-}
-
-int64_t block_stride(int64_t k, int64_t depth_multiple) {
-  return (k + depth_multiple - 1) / depth_multiple * depth_multiple * kBlock;
-}
-
 // Each packed pair (B[2p][j], B[2p+1][j]) is one 32-bit word, the even row's
 // value in its low half; both loops run along B's memory.  Called once per
 // sequence and thread, on up to all of W_h: its cost shows at small T
