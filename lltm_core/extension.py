@@ -1,16 +1,18 @@
 """Helpers for backends that ship a compiled torch extension.
 
-A compiled extension links against one torch build's C++ ABI.  Loading it into
-another torch fails with an undefined-symbol error at best and crashes at
-worst, so a backend records the torch it was built with (its ``setup.py`` writes
-a small ``_build_info.py`` beside each library it links, never into the source
-tree, where an editable install's library may have been built with another
-torch) and checks it *before* loading the library::
+A library built on torch's stable ABI for torch 2.10 loads on every later torch, and on no
+earlier one; a truncated library (an interrupted install) may crash the process as it loads.
+So a backend's ``setup.py`` writes a small ``_build_info.py`` beside the library it links (the
+target torch, the library's size and sha256), and the backend checks both *before* loading it::
 
-    from lltm_core.extension import torch_mismatch
+    from lltm_core.extension import library_damage, torch_too_old
 
-    def _availability():
-        return torch_mismatch(_build_info.TORCH_VERSION, "lltm-cpu")
+    def _unavailable_reason():
+        return (torch_too_old(_build_info.TARGET_TORCH, "lltm-cpu")
+                or library_damage(path, _build_info.LIBRARY_SIZE, _build_info.LIBRARY_SHA256, "lltm-cpu"))
+
+A library built against torch's full C++ ABI (a JIT build) runs only on the torch that built it:
+``torch_mismatch`` says so.  ``backends/lltm_cpu/`` and ``backends/lltm_cuda/`` use these.
 """
 
 from __future__ import annotations
@@ -70,78 +72,56 @@ def register_fake_kernels(namespace: str, saved_layout, sequence_saved_layout=No
         _fake.sequence_backward(input, weights, h0, rest[-1]))
 
 
-def torch_too_old(target: tuple[int, int], distribution: str) -> str | None:
-    """``None`` if the running torch is at least ``target`` (major, minor), the oldest torch whose
-    stable ABI a library was built for, else what to do.  Such a library loads on every later torch."""
+# What a backend built on torch's stable ABI checks before it loads its library, in this order:
+# the running torch is at least the version the library targets (an older one lacks the calls it
+# makes), and the library is the file its build recorded (an interrupted install or a full disk
+# leaves a truncated one, on which dlopen may crash the process).  Both answer None or the reason.
+
+
+def torch_too_old(target, distribution: str) -> str | None:
+    """``None`` if the running torch is ``target`` -- "2.10" or (2, 10) -- or newer, else what to do."""
+    if isinstance(target, str):
+        target = tuple(int(part) for part in target.split(".")[:2])
+    wanted = f"{target[0]}.{target[1]}"
     running = torch.__version__
     try:
-        major_minor = tuple(int(part) for part in running.split("+")[0].split(".")[:2])
+        release = tuple(int(part) for part in running.split("+")[0].split(".")[:2])
     except ValueError:
-        return f"cannot read torch's version {running!r}: {distribution} needs torch >= {target[0]}.{target[1]}"
-    if major_minor >= tuple(target):
+        return f"cannot read torch's version {running!r}: {distribution} needs torch {wanted} or newer"
+    if release >= tuple(target):
         return None
-    return (
-        f"needs torch >= {target[0]}.{target[1]} (built for its stable ABI), running {running}: "
-        f"upgrade torch (pip install 'torch>={target[0]}.{target[1]}'), or install an older {distribution}"
-    )
-
-
-def damaged_library(path, expected_size: int, expected_sha256: str, distribution: str) -> str | None:
-    """``None`` if the library at ``path`` is the file its build recorded (size and sha256), else
-    why it must not be loaded: a truncated or replaced library can crash the process on load."""
-    import hashlib
-    import os
-
-    try:
-        found = os.path.getsize(path)
-        if found != expected_size:
-            return f"the library is damaged (expected {expected_size} bytes, found {found}): reinstall {distribution}"
-        digest = hashlib.sha256()
-        with open(path, "rb") as f:
-            for block in iter(lambda: f.read(1 << 20), b""):
-                digest.update(block)
-    except OSError as exc:
-        return f"the library {path} cannot be read ({exc}): reinstall {distribution}"
-    if digest.hexdigest() != expected_sha256:
-        return f"the library is damaged (its contents differ from the build's, {found} bytes): reinstall {distribution}"
-
-
-# What a backend built on torch's stable ABI checks before loading its library: the running torch
-# is at least the version the library targets, and the library is the file its build recorded
-# (an interrupted install or a full disk leaves a truncated one, which dlopen may crash on).
-
-
-def torch_older_than(target: str, distribution: str) -> str | None:
-    """``None`` if the running torch is ``target`` ("2.10") or newer, else what to do."""
-    running = torch.__version__
-    release = tuple(int(part) for part in running.split("+")[0].split(".")[:2])
-    if release >= tuple(int(part) for part in target.split(".")[:2]):
-        return None
-    return (f"{distribution} needs torch {target} or newer (its library is built on torch's stable ABI for "
-            f"torch >= {target}), running {running}: upgrade torch, e.g. pip install 'torch>={target}'")
+    return (f"{distribution} needs torch {wanted} or newer (its library is built on torch's stable ABI for "
+            f"torch >= {wanted}), running {running}: upgrade torch, e.g. pip install 'torch>={wanted}'")
 
 
 def library_fingerprint(path) -> tuple[int, str]:
-    """(size in bytes, BLAKE2b-128 hex digest) of the file at ``path``: a few milliseconds for a library.
-
-    A backend's setup.py records the same pair at build time (it cannot import lltm_core, so it
-    repeats these three lines; the backend's tests check that the two agree)."""
+    """(size in bytes, sha256 hex digest) of the file at ``path``: what a backend's build records of
+    its library.  A setup.py cannot import lltm_core (an isolated build has none), so it repeats
+    these lines; each backend's tests check that its record and this function agree."""
     import hashlib
-    from pathlib import Path
 
-    data = Path(path).read_bytes()
-    return len(data), hashlib.blake2b(data, digest_size=16).hexdigest()
+    digest = hashlib.sha256()
+    size = 0
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+            size += len(block)
+    return size, digest.hexdigest()
 
 
-def library_damage(path, size: int, digest: str, distribution: str) -> str | None:
-    """``None`` if the library at ``path`` is the one recorded at build time, else why not and what to do."""
+def library_damage(path, size: int, sha256: str, distribution: str) -> str | None:
+    """``None`` if the library at ``path`` is the one its build recorded (size and sha256), else why
+    it must not be loaded and what to do."""
     import os
 
     if not os.path.isfile(path):
         return f"the library is missing (expected {path}): reinstall {distribution}"
-    found = os.path.getsize(path)
-    if found != size:
-        return f"the library is damaged (expected {size} bytes, found {found}): reinstall {distribution}"
-    if library_fingerprint(path)[1] != digest:
-        return f"the library is damaged (its content differs from the build's record): reinstall {distribution}"
+    try:
+        found = os.path.getsize(path)
+        if found != size:
+            return f"the library is damaged (expected {size} bytes, found {found}): reinstall {distribution}"
+        if library_fingerprint(path)[1] != sha256:
+            return f"the library is damaged (its content differs from the build's record): reinstall {distribution}"
+    except OSError as exc:
+        return f"the library {path} cannot be read ({exc}): reinstall {distribution}"
     return None

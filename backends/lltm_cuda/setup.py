@@ -197,21 +197,21 @@ def toolchain_problems(torch_version: str, torch_cuda: str | None, cuda_home: st
 
 
 def library_fingerprint(path) -> tuple[int, str]:
-    """(size in bytes, BLAKE2b-128 hex digest) of a file: what _build_info records of the library.
+    """(size in bytes, sha256 hex digest) of a file: what _build_info records of the library.
 
     The same computation as lltm_core.extension.library_fingerprint, which checks it at load time
     (setup.py cannot import lltm_core: an isolated build has no lltm-core)."""
     import hashlib
 
     data = Path(path).read_bytes()
-    return len(data), hashlib.blake2b(data, digest_size=16).hexdigest()
+    return len(data), hashlib.sha256(data).hexdigest()
 
 
 def build_info(torch_version: str, arch_list: str, cuda_home: str = "", emulated: bool = False,
                cuda_version: str | None = None) -> str:
     # Read by lltm_cuda at import, before it loads the compiled library: a torch older than the
     # target, another CUDA major, or a damaged library must be reported, not loaded.  The
-    # library's own record (LIBRARY, LIBRARY_SIZE, LIBRARY_DIGEST) is appended once it is linked.
+    # library's own record (LIBRARY, LIBRARY_SIZE, LIBRARY_SHA256) is appended once it is linked.
     return (
         "# Written by setup.py beside the library it built: what lltm_cuda's library was compiled against.\n"
         f"TORCH_VERSION = {torch_version!r}  # the torch that built it\n"
@@ -228,7 +228,7 @@ def library_record(path) -> str:
     size, digest = library_fingerprint(path)
     return (f"LIBRARY = {Path(path).name!r}\n"
             f"LIBRARY_SIZE = {size}  # bytes\n"
-            f"LIBRARY_DIGEST = {digest!r}  # BLAKE2b-128 of the whole file\n")
+            f"LIBRARY_SHA256 = {digest!r}  # of the whole file\n")
 
 
 # The sources of both builds: the emulated one reaches the same .cu files through csrc/emulation/*.cpp.

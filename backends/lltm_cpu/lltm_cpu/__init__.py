@@ -162,7 +162,7 @@ def _load_built_library() -> str | None:
         from . import _build_info as info
     except ImportError:
         return _NEVER_BUILT
-    from lltm_core.extension import damaged_library, torch_too_old
+    from lltm_core.extension import library_damage, torch_too_old
 
     # Both checked before loading: a library for a newer stable ABI, or a
     # truncated file, may crash the process as it loads.
@@ -170,7 +170,7 @@ def _load_built_library() -> str | None:
     if too_old is not None:
         return too_old
     path = _HERE / info.LIBRARY_NAME
-    damaged = damaged_library(path, info.LIBRARY_SIZE, info.LIBRARY_SHA256, _DISTRIBUTION)
+    damaged = library_damage(path, info.LIBRARY_SIZE, info.LIBRARY_SHA256, _DISTRIBUTION)
     if damaged is not None:
         return damaged
     try:

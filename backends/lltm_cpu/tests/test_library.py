@@ -31,6 +31,15 @@ def test_library_path_is_the_loaded_library():
     assert run.stdout.strip() == str(LIBRARY)
 
 
+def test_the_build_record_is_the_file():
+    """setup.py's record of the library (written at build time) and lltm-core's check (at load) agree."""
+    from lltm_core.extension import library_fingerprint
+    from lltm_cpu import _build_info
+
+    assert LIBRARY.name == _build_info.LIBRARY_NAME
+    assert library_fingerprint(LIBRARY) == (_build_info.LIBRARY_SIZE, _build_info.LIBRARY_SHA256)
+
+
 # A demangled C++ name in one of these namespaces is torch's C++ ABI, which changes between
 # releases; the stable ABI is C functions (aoti_torch_*, torch_*) and header-only code.
 TORCH_CPP_NAMESPACES = ("c10::", "at::", "torch::", "caffe2::", "aoti::")

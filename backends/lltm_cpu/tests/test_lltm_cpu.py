@@ -172,4 +172,5 @@ def test_older_torch_is_reported_not_loaded(monkeypatch):
     monkeypatch.delenv("LLTM_CPU_JIT", raising=False)
     monkeypatch.setattr(_build_info, "TARGET_TORCH", (99, 0))
     reason = lltm_cpu._load_library.__wrapped__()
-    assert reason.startswith(f"needs torch >= 99.0 (built for its stable ABI), running {torch.__version__}: upgrade")
+    assert reason.startswith(f"lltm-cpu needs torch 99.0 or newer (its library is built on torch's stable ABI "
+                             f"for torch >= 99.0), running {torch.__version__}: upgrade torch")

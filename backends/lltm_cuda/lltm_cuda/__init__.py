@@ -103,7 +103,7 @@ def _library_problem() -> str | None:
     """Why the recorded library must not be loaded (missing, truncated, replaced), or None."""
     from lltm_core.extension import library_damage
 
-    return library_damage(library_path(), _build_info.LIBRARY_SIZE, _build_info.LIBRARY_DIGEST, DISTRIBUTION)
+    return library_damage(library_path(), _build_info.LIBRARY_SIZE, _build_info.LIBRARY_SHA256, DISTRIBUTION)
 
 
 def _load_library() -> None:
@@ -127,11 +127,11 @@ def _cuda_major(version: str | None) -> str | None:
 
 def unavailable_reason() -> str | None:
     """None if the kernels can run here, else why not and what to do, most fundamental first."""
-    from lltm_core.extension import torch_older_than
+    from lltm_core.extension import torch_too_old
 
     # Before loading the library: the stable ABI it uses must be there, and the file must be whole
     # (a truncated library can crash the process at dlopen).
-    too_old = torch_older_than(_build_info.TARGET_TORCH, DISTRIBUTION)
+    too_old = torch_too_old(_build_info.TARGET_TORCH, DISTRIBUTION)
     if too_old is not None:
         return too_old
     if not (EMULATED and os.environ.get(ENV_EMULATED_LIBRARY)):

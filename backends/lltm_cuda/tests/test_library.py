@@ -55,7 +55,7 @@ def test_library_path_is_the_recorded_library():
 def test_the_record_is_the_file():
     """setup.py's fingerprint (recorded at build time) and lltm-core's (checked at load) agree."""
     setup = _setup_module()
-    recorded = (_build_info.LIBRARY_SIZE, _build_info.LIBRARY_DIGEST)
+    recorded = (_build_info.LIBRARY_SIZE, _build_info.LIBRARY_SHA256)
     assert library_fingerprint(LIBRARY) == recorded
     assert setup.library_fingerprint(LIBRARY) == recorded
 
