@@ -41,8 +41,9 @@ nox.options.reuse_venv = "no"
 nox.options.error_on_missing_interpreters = True
 # The default sessions, in two lanes that `python3 dev.py test` runs side by side (each lane in
 # order, the second in a copy of the tree, so that no two builds share a build folder): most of
-# a session is one core's work (pip, a compiler, pytest), and each lane took about 23 minutes of
-# a 46-minute sequential run on a 2-core Xeon.  Builds of one distribution stay in one lane.
+# a session is one core's work (pip, a compiler, pytest).  On 2-core Intel Xeons (2026-12): one
+# session after another, 50 minutes (Sapphire Rapids class); in these lanes, 27 and 28 minutes,
+# 28 in all (Ice Lake class).  Builds of one distribution stay in one lane.
 LANES = (["cpu", "cross_torch", "wheels"], ["core", "ref", "cuda", "cuda_emulated", "triton"])
 nox.options.sessions = [name for lane in LANES for name in lane]
 
