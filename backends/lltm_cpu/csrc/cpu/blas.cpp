@@ -162,16 +162,16 @@ double on_one_thread(const Measure& measure) {
 }
 
 // The route for `key`: the cached choice, or the fastest of `candidates`,
-// each timed by `time_route(route)` -> us (tuning.h).
+// each timed by `time_route(route)` -> us, `rounds` times in turn (tuning.h).
 template <typename TimeRoute>
 Route tuned(const std::string& key, const std::string& fields, const std::vector<Route>& candidates,
-            const TimeRoute& time_route) {
+            const TimeRoute& time_route, int rounds = 1) {
   std::vector<const char*> names;
   for (const Route route : candidates) {
     names.push_back(route_name(route));
   }
   const int index = tuning::tuned_index(key, fields, names, [&](int i) { return time_route(candidates[i]); },
-                                        requested_route().has_value() ? "LLTM_CPU_GEMM" : tuning::kOnlyOne);
+                                        requested_route().has_value() ? "LLTM_CPU_GEMM" : tuning::kOnlyOne, rounds);
   return candidates[index];
 }
 
@@ -441,7 +441,7 @@ Route recurrent_route(bool trans_b, int64_t max_m, int64_t n, int64_t k, const s
   fields << "\"kind\": \"recurrent\", \"dtype\": \"" << dtype_name<scalar_t>() << "\", \"m\": " << max_m
          << ", \"n\": " << n << ", \"k\": " << k << ", \"b_transposed\": " << (trans_b ? "true" : "false")
          << ", \"threads\": " << threads << ", \"torch_threads\": " << num_threads();
-  return tuned(key.str(), fields.str(), candidates, [&](Route route) {
+  const auto time_route = [&](Route route) {
     const auto measure = [&] {
       const SingleThreaded single_threaded(!threaded);
       const RightOperand<scalar_t> operand(route, trans_b, max_m, n, k, b, ldb);
@@ -450,7 +450,13 @@ Route recurrent_route(bool trans_b, int64_t max_m, int64_t n, int64_t k, const s
       return tuning::time_us([&] { operand.multiply(max_m, a.data(), k, true, c.data(), n); });
     };
     return threaded ? measure() : on_one_thread(measure);
-  });
+  };
+  // Three interleaved rounds: one of these GEMMs takes microseconds, so one
+  // burst of a neighbour's work can cover all of one route's calls and pick
+  // the wrong route, then the wrong split (benchmarks/results/cpu_sequence.md,
+  // 2026-12-03).  The all-steps GEMMs run long enough for one round.
+  constexpr int kRecurrentRounds = 3;
+  return tuned(key.str(), fields.str(), candidates, time_route, kRecurrentRounds);
 }
 
 template <typename scalar_t>
