@@ -1,0 +1,74 @@
+"""What LLTMLayer's path costs around lltm-cpu's sequence forward operator, in one process.
+
+Times, interleaved round by round, one forward over T64 B16 I32 S128 in float32 (the size where
+the layer's training ratio to nn.LSTM misses its bar while the operators alone meet it):
+
+* op: torch.ops.lltm_cpu.sequence_forward called directly (needs_backward=True);
+* layer, autograd: lltm_core.LLTMLayer(I, S, backend="cpu")(x) with x requiring grad;
+* layer, no_grad: the same call under torch.no_grad() (the operator then skips what backward needs).
+
+Prints the median of each round's calls, in ms, per round.  No tuning variable is read or set.
+"""
+
+import argparse
+import platform
+import re
+import statistics
+import time
+
+import torch
+
+import lltm_core
+
+
+def cpu_name() -> str:
+    """The CPU's model name (/proc/cpuinfo on Linux), else the machine type."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            found = re.search(r"^model name\s*:\s*(.+)$", f.read(), re.MULTILINE)
+    except OSError:
+        found = None
+    return found.group(1) if found else platform.machine()
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds (default 5)")
+    parser.add_argument("--calls", type=int, default=20, help="calls per candidate per round (default 20)")
+    args = parser.parse_args(argv)
+    torch.manual_seed(0)
+    steps, batch, features, state = 64, 16, 32, 128
+    x = torch.randn(steps, batch, features, requires_grad=True)
+    layer = lltm_core.LLTMLayer(features, state, backend="cpu")
+    layer(x)  # loads lltm-cpu's library and tunes its routes
+    weights, bias, zeros, xd = layer.weights_l0.detach(), layer.bias_l0.detach(), torch.zeros(batch, state), x.detach()
+
+    def layer_no_grad():
+        with torch.no_grad():
+            layer(x)
+
+    candidates = {
+        "op": lambda: torch.ops.lltm_cpu.sequence_forward(xd, weights, bias, zeros, zeros, None, False, True),
+        "layer, autograd": lambda: layer(x),
+        "layer, no_grad": layer_no_grad,
+    }
+    for run in candidates.values():
+        run()
+    times = {name: [] for name in candidates}
+    for _ in range(args.rounds):
+        for name, run in candidates.items():
+            samples = []
+            for _ in range(args.calls):
+                start = time.perf_counter()
+                run()
+                samples.append(time.perf_counter() - start)
+            times[name].append(statistics.median(samples) * 1e3)
+    print(f"{cpu_name()}; {torch.get_num_threads()} threads; torch {torch.__version__}")
+    print(f"T{steps} B{batch} I{features} S{state} float32 forward, ms (median of {args.calls} calls, per round):")
+    for name, per_round in times.items():
+        print(f"  {name:16} " + " ".join(f"{t:.3f}" for t in per_round))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
