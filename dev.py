@@ -43,7 +43,7 @@ def _sources_digest() -> str:
     h = hashlib.sha256(" ".join(TOOLS).encode())
     for dist in DISTRIBUTIONS:
         base = ROOT / dist
-        files = [base / "VERSION", base / "setup.py", base / "pyproject.toml"]
+        files = [base / "VERSION", base / "setup.py", base / "pyproject.toml", base / "lltm_build.py"]
         for sub in ("csrc", "lltm_core", "lltm_ref", "lltm_cpu"):
             if (base / sub).is_dir():
                 files += sorted(p for p in (base / sub).rglob("*") if p.suffix in {".py", ".cpp", ".h", ".cu", ".c"})

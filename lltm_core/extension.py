@@ -78,10 +78,8 @@ def register_fake_kernels(namespace: str, saved_layout, sequence_saved_layout=No
 # leaves a truncated one, on which dlopen may crash the process).  Both answer None or the reason.
 
 
-def torch_too_old(target, distribution: str) -> str | None:
-    """``None`` if the running torch is ``target`` -- "2.10" or (2, 10) -- or newer, else what to do."""
-    if isinstance(target, str):
-        target = tuple(int(part) for part in target.split(".")[:2])
+def torch_too_old(target: tuple[int, int], distribution: str) -> str | None:
+    """``None`` if the running torch is ``target`` -- (2, 10) -- or newer, else what to do."""
     wanted = f"{target[0]}.{target[1]}"
     running = torch.__version__
     try:
@@ -96,8 +94,9 @@ def torch_too_old(target, distribution: str) -> str | None:
 
 def library_fingerprint(path) -> tuple[int, str]:
     """(size in bytes, sha256 hex digest) of the file at ``path``: what a backend's build records of
-    its library.  A setup.py cannot import lltm_core (an isolated build has none), so it repeats
-    these lines; each backend's tests check that its record and this function agree."""
+    its library.  A setup.py cannot import lltm_core (an isolated build has none), so
+    backends/lltm_build.py repeats these lines; each backend's tests check that its record and
+    this function agree."""
     import hashlib
 
     digest = hashlib.sha256()

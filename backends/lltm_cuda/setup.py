@@ -1,7 +1,7 @@
 """Build lltm-cuda: the LLTM's pointwise math as fused CUDA kernels, GEMMs through cuBLAS.
 
 The library uses only torch's stable ABI (STABLE_TORCH_LIBRARY, torch::stable::Tensor, the C
-shim), compiled with TORCH_TARGET_VERSION set to torch 2.10 (TARGET_TORCH): so one build loads on
+shim), compiled with TORCH_TARGET_VERSION set to torch 2.10 (lltm_build.TARGET_TORCH): so one build loads on
 every torch from 2.10 on that has the CUDA major version it was built with, and the wheel asks
 for torch>=2.10, never for the torch that built it.  It holds no Python module: lltm_cuda loads it
 with torch.ops.load_library, and a C++ program can dlopen it without libpython.
@@ -12,10 +12,10 @@ so wheels build on GPU-less machines and CI.
 
 The toolkit is CUDA_HOME (or CUDA_PATH) when set.  Otherwise torch guesses the
 grandparent of the nvcc on PATH, which is wrong when that nvcc is a wrapper
-script or a symbolic link (/usr/local/bin/nvcc gives /usr/local); then this
-looks at the nvcc the wrapper runs, and at CUDA's usual install folders, before
-it gives up.  The root used is printed (`pip install -v` shows it) and recorded
-in lltm_cuda/_build_info.py.
+script or a symbolic link (/usr/local/bin/nvcc gives /usr/local); then
+this looks at the nvcc the wrapper runs, and at CUDA's usual install
+folders, before it gives up.  The root used is printed (`pip install -v` shows
+it) and recorded in lltm_cuda/_build_info.py.
 
 TORCH_CUDA_ARCH_LIST picks the GPU architectures (default: Ampere and Hopper,
 plus PTX that newer GPUs compile at load time).
@@ -39,17 +39,17 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-# One version for every lltm distribution: the repository's VERSION file.
-VERSION = (HERE.parents[1] / "VERSION").read_text().strip()
+# lltm_build.py: a link to ../lltm_build.py here, a file in an sdist.
+sys.path.insert(0, str(HERE))
+import lltm_build  # noqa: E402
+
 DEFAULT_ARCH_LIST = "8.0;9.0+PTX"
-# The oldest torch the library is built for: the stable ABI's version of it, and the wheel's floor.
-TARGET_TORCH = (2, 10)
-# Any ATen/c10 header is an #error under it (torch/csrc/stable/version.h reads the value).
-TARGET_MACRO = f"-DTORCH_TARGET_VERSION=0x{TARGET_TORCH[0]:02x}{TARGET_TORCH[1]:02x}000000000000"
 # Release builds: no debug sections (Python's own CFLAGS carry -g), and only the registrations
 # (static initialisers) are needed from outside, so nothing else is exported.
-CXX_FLAGS = [TARGET_MACRO, "-fvisibility=hidden", "-g0"]
+CXX_FLAGS = [lltm_build.TARGET_MACRO, "-fvisibility=hidden", "-g0"]
 LINK_FLAGS = ["-Wl,--strip-debug"]
+
+
 # Where CUDA's installers put toolkits, looked at in this order (newest release first within a glob).
 CONVENTIONAL_ROOTS = ("/usr/local/cuda", "/usr/local/cuda-*", "/opt/cuda")
 
@@ -196,39 +196,15 @@ def toolchain_problems(torch_version: str, torch_cuda: str | None, cuda_home: st
     return problems
 
 
-def library_fingerprint(path) -> tuple[int, str]:
-    """(size in bytes, sha256 hex digest) of a file: what _build_info records of the library.
-
-    The same computation as lltm_core.extension.library_fingerprint, which checks it at load time
-    (setup.py cannot import lltm_core: an isolated build has no lltm-core)."""
-    import hashlib
-
-    data = Path(path).read_bytes()
-    return len(data), hashlib.sha256(data).hexdigest()
-
-
-def build_info(torch_version: str, arch_list: str, cuda_home: str = "", emulated: bool = False,
-               cuda_version: str | None = None) -> str:
-    # Read by lltm_cuda at import, before it loads the compiled library: a torch older than the
-    # target, another CUDA major, or a damaged library must be reported, not loaded.  The
-    # library's own record (LIBRARY, LIBRARY_SIZE, LIBRARY_SHA256) is appended once it is linked.
+def build_info(arch_list: str, cuda_home: str = "", emulated: bool = False, cuda_version: str | None = None) -> str:
+    # lltm_cuda's own lines of _build_info.py, read before it loads the library: another CUDA
+    # major or no code for the GPU must be reported, not loaded.
     return (
-        "# Written by setup.py beside the library it built: what lltm_cuda's library was compiled against.\n"
-        f"TORCH_VERSION = {torch_version!r}  # the torch that built it\n"
-        f"TARGET_TORCH = {'.'.join(map(str, TARGET_TORCH))!r}  # the oldest torch it loads on (stable ABI)\n"
         f"CUDA_VERSION = {cuda_version!r}  # the building torch's CUDA; its major must be the running torch's\n"
         f"ARCH_LIST = {arch_list!r}\n"
         f"CUDA_HOME = {cuda_home!r}\n"
         + ("EMULATED = True  # LLTM_CUDA_EMULATE=1: the kernels compiled for the CPU, test-only\n" if emulated else "")
     )
-
-
-def library_record(path) -> str:
-    """The lines of _build_info.py that let lltm_cuda check its library before loading it."""
-    size, digest = library_fingerprint(path)
-    return (f"LIBRARY = {Path(path).name!r}\n"
-            f"LIBRARY_SIZE = {size}  # bytes\n"
-            f"LIBRARY_SHA256 = {digest!r}  # of the whole file\n")
 
 
 # The sources of both builds: the emulated one reaches the same .cu files through csrc/emulation/*.cpp.
@@ -238,59 +214,17 @@ EMULATED_SOURCES = ["csrc/emulation/lltm_kernels.cpp", "csrc/emulation/lltm_sequ
                     "csrc/emulation/emulation_ops.cpp"]
 
 
-def build_ext_writing(info: str, base):
-    """``base`` (torch's BuildExtension), also writing ``info`` as _build_info.py beside the library it links."""
-
-    class BuildExtensionWithInfo(base):
-        """Writes _build_info.py beside the library it has just linked (build/lib for a wheel, the
-        source tree for an editable install), never elsewhere: a wheel built from this tree with
-        another torch must not relabel an editable install's library."""
-
-        def finalize_options(self):
-            super().finalize_options()
-            # Without ninja, setuptools skips a library newer than its sources, even one built
-            # against another torch; with ninja, BuildExtension already forces and ninja decides.
-            self.force = True
-
-        def run(self):
-            super().run()
-            # Now that setuptools has copied the library into the source tree if
-            # this is an editable install, get_ext_fullpath names where it lies.
-            for ext in self.extensions:
-                library = Path(self.get_ext_fullpath(ext.name))
-                library.with_name("_build_info.py").write_text(info + library_record(library))
-
-    return BuildExtensionWithInfo
-
-
-def setup_kwargs(torch_version: str, cpp_extension, build_base: str = "build") -> dict:
-    """What both builds' setup() calls share; ``build_base`` is where the build writes."""
-    # BuildExtension compiles against the limited API of torch's oldest
-    # supported Python (0x030A0000 -> 3.10); the wheel's abi3 tag must say so.
-    limited_api = int(cpp_extension.min_supported_cpython, 16)
-    oldest_python = f"{limited_api >> 24}.{(limited_api >> 16) & 0xFF}"
-    return {
-        "version": VERSION,
-        "python_requires": f">={oldest_python}",
-        # The stable ABI: any torch from the target on (the CUDA major is checked at load time).
-        "install_requires": [f"lltm-core=={VERSION}", f"torch>={'.'.join(map(str, TARGET_TORCH))}"],
-        "options": {"bdist_wheel": {"py_limited_api": "cp" + oldest_python.replace(".", "")},
-                    "build": {"build_base": build_base}},
-    }
-
-
 def main_emulated() -> None:
     """LLTM_CUDA_EMULATE=1: the test-only emulated library (see the module's docstring)."""
-    import torch
     from setuptools import setup
-    from torch.utils import cpp_extension
     from torch.utils.cpp_extension import BuildExtension, CppExtension
 
     if any(command in sys.argv for command in ("develop", "editable_wheel")):
         # An editable install would write its _build_info.py into lltm_cuda/, this package's folder.
         raise SystemExit("lltm-cuda's emulated build is for tests: install it without -e (pip install "
                          "--no-build-isolation ./backends/lltm_cuda with LLTM_CUDA_EMULATE=1)")
-    info = build_info(torch.__version__, "emulated", emulated=True)
+    lltm_build.require_build_torch("lltm-cuda-emulated")
+    info = build_info("emulated", emulated=True)
     print("lltm-cuda: building the EMULATED library (the CUDA sources compiled for the CPU, test-only)",
           file=sys.stderr, flush=True)
     setup(
@@ -311,11 +245,11 @@ def main_emulated() -> None:
                 py_limited_api=True,
             )
         ],
-        cmdclass={"build_ext": build_ext_writing(info, BuildExtension)},
+        cmdclass={"build_ext": lltm_build.build_ext(BuildExtension, info)},
         entry_points={"lltm.backends": ["cuda_emulated = lltm_cuda_emulated:load_backend"]},
         # pip builds in this folder: a build/ of its own, or each build's wheel would also take in
         # what the other left in build/lib (the real lltm_cuda in the emulated wheel, and back).
-        **setup_kwargs(torch.__version__, cpp_extension, build_base="build/emulated"),
+        **lltm_build.setup_kwargs(build={"build_base": "build/emulated"}),
     )
 
 
@@ -325,6 +259,7 @@ def main() -> None:
     from torch.utils import cpp_extension
     from torch.utils.cpp_extension import CUDA_HOME, BuildExtension, CUDAExtension
 
+    lltm_build.require_build_torch("lltm-cuda")
     # A CPU-only torch leaves CUDA_HOME unset even where a toolkit is installed;
     # look for it by torch's own rules so the error names the real problem.
     explicit = next(((name, os.environ[name]) for name in ("CUDA_HOME", "CUDA_PATH") if os.environ.get(name)), None)
@@ -349,8 +284,7 @@ def main() -> None:
     # build for the visible GPU and leave the record saying '').
     if not os.environ.get("TORCH_CUDA_ARCH_LIST", "").strip():
         os.environ["TORCH_CUDA_ARCH_LIST"] = DEFAULT_ARCH_LIST
-    info = build_info(torch.__version__, os.environ["TORCH_CUDA_ARCH_LIST"], cuda_home,
-                      cuda_version=torch.version.cuda)
+    info = build_info(os.environ["TORCH_CUDA_ARCH_LIST"], cuda_home, cuda_version=torch.version.cuda)
 
     setup(
         name="lltm-cuda",
@@ -364,18 +298,18 @@ def main() -> None:
                 # USE_CUDA: the C shim declares its CUDA functions (the current stream) only under it.
                 define_macros=[("USE_CUDA", None)],
                 extra_compile_args={"cxx": ["-O3", *CXX_FLAGS],
-                                    "nvcc": ["-O3", TARGET_MACRO, "-Xcompiler", "-fvisibility=hidden"]},
+                                    "nvcc": ["-O3", lltm_build.TARGET_MACRO, "-Xcompiler", "-fvisibility=hidden"]},
                 extra_link_args=LINK_FLAGS,
                 # No Python at all in the library (it is loaded with torch.ops.load_library), and
                 # py_limited_api keeps torch from linking libtorch_python: one abi3 wheel.
                 py_limited_api=True,
             )
         ],
-        cmdclass={"build_ext": build_ext_writing(info, BuildExtension)},
+        cmdclass={"build_ext": lltm_build.build_ext(BuildExtension, info)},
         entry_points={"lltm.backends": ["cuda = lltm_cuda:load_backend"]},
-        **setup_kwargs(torch.__version__, cpp_extension),
+        **lltm_build.setup_kwargs(build={"build_base": "build"}),
     )
 
 
-if __name__ == "__main__":  # tests import this file for toolchain_problems()
+if __name__ == "__main__":  # tests import this file for toolchain_problems() and CXX_FLAGS
     main_emulated() if os.environ.get("LLTM_CUDA_EMULATE") == "1" else main()

@@ -183,11 +183,10 @@ def _load_built_library() -> str | None:
 def _build_jit() -> str | None:
     from torch.utils import cpp_extension
 
-    from . import _build_config as config
-
     root = Path(__file__).resolve().parent.parent
     if not (root / "csrc").is_dir():
         return f"LLTM_CPU_JIT=1 compiles the C++ sources of a source tree, and there are none in {root}/csrc"
+    from . import _build_config as config  # reads root/lltm_build.py: a source tree's only
     if not cpp_extension.is_ninja_available():
         return "LLTM_CPU_JIT=1 needs ninja to compile the kernels: pip install ninja"
     compiler = os.environ.get("CXX", "c++")

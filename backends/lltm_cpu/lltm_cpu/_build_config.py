@@ -1,13 +1,17 @@
 """How lltm_cpu's C++ library is compiled; read by setup.py and by the LLTM_CPU_JIT build.
 
-Paths are relative to the distribution root (backends/lltm_cpu).
+Paths are relative to the distribution root (backends/lltm_cpu), which both readers need: this
+reads the target torch from its lltm_build.py, so an installed wheel never imports it.
 """
 
 import platform
+import runpy
+from pathlib import Path
 
-#: The oldest torch the library is built for: its stable ABI from this
-#: version on (TORCH_TARGET_VERSION), and the package's requirement.
-TARGET_TORCH = (2, 10)
+# TORCH_TARGET_VERSION: only the stable ABI of the target torch is visible, so an ATen or c10
+# header, or a stable function newer than the target, fails to compile.  The target is lltm-cuda's
+# too: both read it from lltm_build.py beside setup.py.
+_TARGET_MACRO = runpy.run_path(str(Path(__file__).resolve().parents[1] / "lltm_build.py"))["TARGET_MACRO"]
 
 #: Compiled with COMPILE_FLAGS only, into the library's first objects.
 SOURCES = [
@@ -40,13 +44,10 @@ ISA_SOURCES = (
     else {}
 )
 
-# TORCH_TARGET_VERSION: only the stable ABI of TARGET_TORCH is visible, so an
-# ATen or c10 header, or a stable function newer than the target, fails to compile.
-_TARGET_VERSION = f"-DTORCH_TARGET_VERSION=0x{TARGET_TORCH[0]:02x}{TARGET_TORCH[1]:02x}000000000000"
 # -g0: a release library carries no debug sections (they were 95% of its size).
 # LLTM_CPU_AVX2_FMA, LLTM_CPU_AVX512_BF16, LLTM_CPU_AMX_BF16: gemm_f32_avx2.cpp,
 # gemm_bf16_avx512.cpp and gemm_bf16_amx.cpp are among the objects (x86-64).
-COMPILE_FLAGS = ["-O3", "-g0", _TARGET_VERSION,
+COMPILE_FLAGS = ["-O3", "-g0", _TARGET_MACRO,
                  *(["-DLLTM_CPU_AVX2_FMA", "-DLLTM_CPU_AVX512_BF16", "-DLLTM_CPU_AMX_BF16"] if ISA_SOURCES else [])]
 # -s: no symbol table beyond the dynamic one, which loading needs.
 LINK_FLAGS = ["-s"]

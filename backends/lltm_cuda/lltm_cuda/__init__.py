@@ -96,7 +96,7 @@ def library_path() -> str:
     """The operator library's path: what a C++ program loads (dlopen, or torch::ops's loader)
     before it runs an exported model that calls torch.ops.lltm_cuda.*.  It needs libtorch loaded
     first (and for the real build libtorch_cuda), never libpython."""
-    return str(Path(__file__).with_name(_build_info.LIBRARY))
+    return str(Path(__file__).with_name(_build_info.LIBRARY_NAME))
 
 
 def _library_problem() -> str | None:
@@ -125,6 +125,11 @@ def _cuda_major(version: str | None) -> str | None:
     return version.split(".")[0] if version else None
 
 
+def _target() -> str:
+    """The oldest torch the library loads on, as text ("2.10")."""
+    return ".".join(map(str, _build_info.TARGET_TORCH))
+
+
 def unavailable_reason() -> str | None:
     """None if the kernels can run here, else why not and what to do, most fundamental first."""
     from lltm_core.extension import torch_too_old
@@ -148,7 +153,7 @@ def unavailable_reason() -> str | None:
     if torch.version.cuda is None:
         return (
             f"the running torch {torch.__version__} is a CPU-only build: install a CUDA {_cuda_major(built_cuda)}.x "
-            f"build of torch (>= {_build_info.TARGET_TORCH}), the CUDA major lltm-cuda was built for"
+            f"build of torch (>= {_target()}), the CUDA major lltm-cuda was built for"
         )
     if _cuda_major(torch.version.cuda) != _cuda_major(built_cuda):
         return (
@@ -186,10 +191,10 @@ def load_backend():
     if EMULATED:
         name, devices, priority = "cuda_emulated", {"cpu"}, -1  # test-only: under lltm-ref (0), it runs when named
         description = (f"lltm-cuda's kernels compiled for the CPU, every launch run serially (test-only; "
-                       f"stable ABI for torch >= {_build_info.TARGET_TORCH}, built with {_build_info.TORCH_VERSION})")
+                       f"stable ABI for torch >= {_target()}, built with {_build_info.TORCH_VERSION})")
     else:
         name, devices, priority = "cuda", {"cuda"}, 100
-        description = (f"fused CUDA kernels + cuBLAS (stable ABI for torch >= {_build_info.TARGET_TORCH}, "
+        description = (f"fused CUDA kernels + cuBLAS (stable ABI for torch >= {_target()}, "
                        f"CUDA {_cuda_major(_build_info.CUDA_VERSION)}, arch {_build_info.ARCH_LIST}; built with "
                        f"torch {_build_info.TORCH_VERSION})")
     return Backend(

@@ -52,7 +52,7 @@ def _fake_runtime(monkeypatch, *, version=None, cuda="13.0", device=True, load_e
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1 if device else 0)
     monkeypatch.setattr(lltm_cuda, "_build_info", type("BuildInfo", (), {
         "TORCH_VERSION": _build_info.TORCH_VERSION, "TARGET_TORCH": _build_info.TARGET_TORCH,
-        "CUDA_VERSION": "13.0", "ARCH_LIST": "8.0;9.0+PTX", "LIBRARY": _build_info.LIBRARY,
+        "CUDA_VERSION": "13.0", "ARCH_LIST": "8.0;9.0+PTX", "LIBRARY_NAME": _build_info.LIBRARY_NAME,
         "LIBRARY_SIZE": _build_info.LIBRARY_SIZE, "LIBRARY_SHA256": _build_info.LIBRARY_SHA256}))
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=None: capability or (9, 0))
 

@@ -47,23 +47,24 @@ def _tool(name: str) -> str:
 
 
 def test_library_path_is_the_recorded_library():
-    assert LIBRARY.is_file() and LIBRARY.name == _build_info.LIBRARY
+    assert LIBRARY.is_file() and LIBRARY.name == _build_info.LIBRARY_NAME
     out = subprocess.run([sys.executable, "-m", PACKAGE, "--library"], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == str(LIBRARY)
 
 
 def test_the_record_is_the_file():
-    """setup.py's fingerprint (recorded at build time) and lltm-core's (checked at load) agree."""
-    setup = _setup_module()
+    """The build's fingerprint (lltm_build.py, recorded at build time) and lltm-core's (checked at
+    load) agree."""
+    lltm_build = _setup_module().lltm_build
     recorded = (_build_info.LIBRARY_SIZE, _build_info.LIBRARY_SHA256)
     assert library_fingerprint(LIBRARY) == recorded
-    assert setup.library_fingerprint(LIBRARY) == recorded
+    assert lltm_build.library_fingerprint(LIBRARY) == recorded
 
 
 def test_requires_torch_from_the_target_on():
     dist = "lltm-cuda-emulated" if EMULATED else "lltm-cuda"
     torch_reqs = [r for r in metadata.requires(dist) if re.match(r"torch\b", r)]
-    assert torch_reqs == [f"torch>={_build_info.TARGET_TORCH}"], torch_reqs
+    assert torch_reqs == [f"torch>={'.'.join(map(str, _build_info.TARGET_TORCH))}"], torch_reqs
 
 
 def test_no_python_and_no_debug_sections():
@@ -200,7 +201,7 @@ def test_a_damaged_library_is_reported_not_loaded(tmp_path, damage):
     library.  Loading it may kill the process (SIGBUS); it must be reported and passed over."""
     copy = tmp_path / PACKAGE
     shutil.copytree(Path(lltm_cuda.__file__).parent, copy, ignore=shutil.ignore_patterns("__pycache__"))
-    target = copy / _build_info.LIBRARY
+    target = copy / _build_info.LIBRARY_NAME
     data = target.read_bytes()
     if damage == "truncated":
         target.write_bytes(data[:4096])

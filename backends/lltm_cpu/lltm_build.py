@@ -1,0 +1,1 @@
+../lltm_build.py
