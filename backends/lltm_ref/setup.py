@@ -2,8 +2,8 @@ from pathlib import Path
 
 from setuptools import setup
 
-# One version for every lltm distribution: the repository's VERSION file.
-version = (Path(__file__).resolve().parents[2] / "VERSION").read_text().strip()
+# One version for every lltm distribution: the repository's VERSION (a link to it here, a file in an sdist).
+version = (Path(__file__).resolve().parent / "VERSION").read_text().strip()
 
 setup(
     name="lltm-ref",
