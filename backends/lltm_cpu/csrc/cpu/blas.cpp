@@ -451,12 +451,9 @@ Route recurrent_route(bool trans_b, int64_t max_m, int64_t n, int64_t k, const s
     };
     return threaded ? measure() : on_one_thread(measure);
   };
-  // Three interleaved rounds: one of these GEMMs takes microseconds, so one
-  // burst of a neighbour's work can cover all of one route's calls and pick
-  // the wrong route, then the wrong split (benchmarks/results/cpu_sequence.md,
-  // 2026-12-03).  The all-steps GEMMs run long enough for one round.
-  constexpr int kRecurrentRounds = 3;
-  return tuned(key.str(), fields.str(), candidates, time_route, kRecurrentRounds);
+  // One of these GEMMs takes microseconds: several rounds (tuning.h).  The
+  // all-steps GEMMs run long enough for one.
+  return tuned(key.str(), fields.str(), candidates, time_route, tuning::kCloseCallRounds);
 }
 
 template <typename scalar_t>

@@ -61,11 +61,10 @@ Split tuned_split(const std::string& key, const std::string& fields, const TimeS
     return *forced;
   }
   const Split options[] = {Split::kRows, Split::kColumns};
-  // Three rounds in turn: the two splits often measure within a few per
-  // cent, closer than a shared machine's noise from one timing to the next.
+  // The two splits often measure within a few per cent: several rounds (tuning.h).
   return options[tuning::tuned_index(key, fields, {split_name(Split::kRows), split_name(Split::kColumns)},
                                      [&](int index) { return time_split(options[index]); }, tuning::kOnlyOne,
-                                     /*rounds=*/3)];
+                                     tuning::kCloseCallRounds)];
 }
 
 // A block of rows gets a thread of its own only with at least this much

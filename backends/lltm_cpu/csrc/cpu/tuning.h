@@ -21,6 +21,12 @@ namespace tuning {
 constexpr const char* kMeasured = "measured";
 constexpr const char* kOnlyOne = "the only one";
 
+// Rounds for a choice whose options take microseconds or measure within a
+// few per cent (the recurrent GEMM's routes, the time loop's splits): one
+// burst of a neighbour's work can cover all of one option's calls, and did
+// (benchmarks/results/cpu_sequence.md, 2026-12-03).
+constexpr int kCloseCallRounds = 3;
+
 // The option for `key`: the cached choice, or the fastest of `names`, each
 // timed by `time_option(index)` -> us, with the tuning mutex held: `rounds`
 // times in turn, each option's fastest kept (so that a burst of noise on a
