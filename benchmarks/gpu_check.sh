@@ -129,7 +129,7 @@ checks() {
     fi
     # Without the three packages nothing else can run.  The last line names the build installed.
     step build 200 bash -c '"$0" -m pip install "$@" && "$0" -c "from lltm_cuda import _build_info as b
-print(\"lltm-cuda built with torch\", b.TORCH_VERSION, \"for torch\", b.TARGET_TORCH, \"and newer, CUDA\", b.CUDA_VERSION,
+print(\"lltm-cuda built with torch\", b.TORCH_VERSION, \"for torch\", \".\".join(map(str, b.TARGET_TORCH)), \"and newer, CUDA\", b.CUDA_VERSION,
       \"arch\", b.ARCH_LIST, \"with the CUDA toolkit at\", b.CUDA_HOME)"' \
         "$PYTHON" "${site_args[@]}" --no-build-isolation --no-deps --no-index . ./backends/lltm_ref "$(cuda_dist)" \
         || return 1
