@@ -97,21 +97,26 @@ def candidates(dtype: torch.dtype, steps: int, batch: int, features: int, state:
     }
 
 
-def measure(calls_by_name: dict, rounds: int, calls: int) -> dict:
-    """name -> list of per-round median seconds, the candidates interleaved, their order rotating."""
+def measure(calls_by_name: dict, rounds: int, calls: int) -> tuple[dict, dict]:
+    """(name -> list of per-round median seconds, name -> median seconds of each call's place in its
+    round), the candidates interleaved, their order rotating.  The second shows what the first call
+    after another candidate costs against the later ones."""
     names = list(calls_by_name)
     for call in calls_by_name.values():  # first calls: route tuning, allocations
         call()
     times = {name: [] for name in names}
+    samples_by_place = {name: [[] for _ in range(calls)] for name in names}
     for r in range(rounds):
         for name in names[r % len(names):] + names[: r % len(names)]:
             samples = []
-            for _ in range(calls):
+            for place in range(calls):
                 start = time.perf_counter()
                 calls_by_name[name]()
                 samples.append(time.perf_counter() - start)
+                samples_by_place[name][place].append(samples[-1])
             times[name].append(statistics.median(samples))
-    return times
+    by_place = {name: [statistics.median(place) for place in places] for name, places in samples_by_place.items()}
+    return times, by_place
 
 
 def ratios(times: dict) -> dict:
@@ -150,8 +155,9 @@ def main(argv=None) -> int:
         for size, shape in SIZES.items():
             cases = candidates(dtype, *shape)
             for mode, index in (("fwd+bwd", 0), ("fwd", 1)):
-                times = measure({name: calls[index] for name, calls in cases.items()}, args.rounds, args.calls)
-                results[dtype_name, size, mode] = (times, ratios(times))
+                times, by_place = measure({name: calls[index] for name, calls in cases.items()}, args.rounds,
+                                          args.calls)
+                results[dtype_name, size, mode] = (times, ratios(times), by_place)
 
     lines += ["## Targets (LLTMLayer / nn.LSTM, median of per-round ratios)", "",
               "| dtype | size | fwd+bwd | bar | fwd | bar | met |", "| --- | --- | --- | --- | --- | --- | --- |"]
@@ -163,10 +169,13 @@ def main(argv=None) -> int:
         met = "yes" if train <= train_bar and infer <= infer_bar else "no"
         lines.append(f"| {dtype_name} | {size} | {train:.2f} | ≤ {train_bar:.2f} | {infer:.2f} | ≤ {infer_bar:.2f} | {met} |")
     lines.append("")
-    for (dtype_name, size, mode), (times, ratio) in results.items():
-        lines += [f"## {dtype_name} {size} {mode}", "", "| candidate | median ms | / nn.LSTM |", "| --- | --- | --- |"]
+    for (dtype_name, size, mode), (times, ratio, by_place) in results.items():
+        lines += [f"## {dtype_name} {size} {mode}", "",
+                  "| candidate | median ms | / nn.LSTM | ms by call in its round (1st, 2nd, ...) |",
+                  "| --- | --- | --- | --- |"]
         for name in times:
-            lines.append(f"| {name} | {statistics.median(times[name]) * 1e3:.3f} | {ratio[name]:.2f} |")
+            places = ", ".join(f"{t * 1e3:.3f}" for t in by_place[name])
+            lines.append(f"| {name} | {statistics.median(times[name]) * 1e3:.3f} | {ratio[name]:.2f} | {places} |")
         lines.append("")
     lines += ["## Routes lltm-cpu chose in this process (lltm_cpu.gemm_routes())", "",
               "| choice | chosen | how | measured (µs) |", "| --- | --- | --- | --- |"]
