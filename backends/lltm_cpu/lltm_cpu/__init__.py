@@ -105,8 +105,11 @@ def gemm_routes() -> list[dict]:
     each (empty before the first call; see csrc/cpu/tuning.h and blas.h):
 
     - ``kind``: ``"recurrent"`` (a step's GEMM: ``m``, ``n``, ``k``, ``b_transposed``,
-      ``threads`` of ``torch_threads``) or ``"time loop"`` (the split: ``batch``,
-      ``state_size``, ``threads``, ``direction``, ``row_blocks``, ``column_blocks``);
+      ``threads`` of ``torch_threads``), ``"all steps"`` (a GEMM over all steps, or the
+      per-step cell's: ``m``, ``n``, ``k``, ``a_transposed``, ``b_transposed``, the
+      ``threads`` it can use; a route named "... 1 thread" keeps to the calling thread) or
+      ``"time loop"`` (the split: ``batch``, ``state_size``, ``threads``, ``direction``,
+      ``row_blocks``, ``column_blocks``);
     - ``dtype``, ``key`` (the choice's identity, one line), ``chosen`` (the route or split),
       ``source`` (``"measured"``, ``"the only one"``, ``"LLTM_CPU_GEMM"`` or ``"LLTM_CPU_SPLIT"``)
       and ``measured_us`` ({candidate: microseconds}, empty unless measured).

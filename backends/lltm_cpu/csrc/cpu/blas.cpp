@@ -202,40 +202,55 @@ bool has_avx2_fma() {
 
 // lltm-cpu's float32 kernel over all steps: op(B) packed once, its column
 // blocks split among torch's threads, then C's row tiles split among them (or
-// its column tiles, where C is wider than tall).
-void own_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,
-              const float* b, int64_t ldb, bool accumulate, float* c, int64_t ldc) {
+// its column tiles, where C is wider than tall); all on the calling thread if
+// `one_thread`.
+void own_gemm(bool one_thread, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const float* a,
+              int64_t lda, const float* b, int64_t ldb, bool accumulate, float* c, int64_t ldc) {
   using gemm_f32::kBlock, gemm_f32::kTileColumns, gemm_f32::kTileRows;
+  const auto split = [one_thread](int64_t parts, const auto& body) {
+    if (one_thread) {
+      body(int64_t{0}, parts);
+    } else {
+      parallel_for(0, parts, 1, body);
+    }
+  };
   std::vector<float> packed(gemm_f32::packed_elements(n, k));
-  parallel_for(0, (n + kBlock - 1) / kBlock, 1, [&](int64_t first, int64_t last) {
+  split((n + kBlock - 1) / kBlock, [&](int64_t first, int64_t last) {
     const int64_t col = first * kBlock, cols = std::min(n, last * kBlock) - col;
     gemm_f32::pack(trans_b, cols, k, trans_b ? b + col * ldb : b + col, ldb, packed.data() + col * k);
   });
   if (m >= n) {
-    parallel_for(0, (m + kTileRows - 1) / kTileRows, 1, [&](int64_t first, int64_t last) {
+    split((m + kTileRows - 1) / kTileRows, [&](int64_t first, int64_t last) {
       const int64_t row = first * kTileRows, rows = std::min(m, last * kTileRows) - row;
       gemm_f32::multiply(trans_a, rows, n, k, trans_a ? a + row : a + row * lda, lda, packed.data(), accumulate,
                          c + row * ldc, ldc);
     });
   } else {
-    parallel_for(0, (n + kTileColumns - 1) / kTileColumns, 1, [&](int64_t first, int64_t last) {
+    split((n + kTileColumns - 1) / kTileColumns, [&](int64_t first, int64_t last) {
       const int64_t col = first * kTileColumns, cols = std::min(n, last * kTileColumns) - col;
       gemm_f32::multiply(trans_a, m, cols, k, a, lda, packed.data() + col * k, accumulate, c + col, ldc);
     });
   }
 }
 
+// A GEMM over all steps: the route, and whether it keeps to the calling thread.
+struct AllStepsRoute {
+  Route route;
+  bool one_thread = false;
+};
+
 template <typename scalar_t>
-void gemm_on(Route route, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const scalar_t* a, int64_t lda,
-             const scalar_t* b, int64_t ldb, bool accumulate, scalar_t* c, int64_t ldc) {
+void gemm_on(AllStepsRoute choice, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const scalar_t* a,
+             int64_t lda, const scalar_t* b, int64_t ldb, bool accumulate, scalar_t* c, int64_t ldc) {
   if constexpr (std::is_same_v<scalar_t, float>) {
-    if (route == Route::kAvx2Fma) {
-      own_gemm(trans_a, trans_b, m, n, k, a, lda, b, ldb, accumulate, c, ldc);
+    if (choice.route == Route::kAvx2Fma) {
+      own_gemm(choice.one_thread, trans_a, trans_b, m, n, k, a, lda, b, ldb, accumulate, c, ldc);
       return;
     }
   }
   if constexpr (!std::is_same_v<scalar_t, c10::BFloat16>) {
-    if (route == Route::kMkl && fits_int({m, n, k, lda, ldb, ldc})) {
+    if (choice.route == Route::kMkl && fits_int({m, n, k, lda, ldb, ldc})) {
+      const SingleThreaded single_threaded(choice.one_thread);
       mkl_gemm(trans_a, trans_b, m, n, k, a, lda, b, ldb, accumulate, c, ldc);
       return;
     }
@@ -243,48 +258,70 @@ void gemm_on(Route route, bool trans_a, bool trans_b, int64_t m, int64_t n, int6
   aten_gemm(trans_a, trans_b, m, n, k, a, lda, b, ldb, accumulate, c, ldc);
 }
 
-// float32: lltm-cpu's kernel or MKL, whichever is faster at this shape on all
-// of torch's threads (on AMD CPUs MKL runs a generic path at some shapes:
-// benchmarks/results/cpu_sequence.md).  float64: MKL.  Where torch has no MKL,
-// and for bfloat16, torch's mm (the shim's mm is MKL for float32 and float64,
-// so there is nothing more to time; oneDNN's matmul, outside the stable ABI,
-// lost to MKL).  LLTM_CPU_GEMM=aten or avx2-fma sends these GEMMs there too.
+// float32: lltm-cpu's kernel or MKL, each on all of torch's threads or, for a
+// small GEMM, on the calling thread alone, whichever is fastest at this shape
+// (on AMD CPUs MKL runs a generic path at some shapes; the per-step cell's
+// GEMM is too small to share between threads on some CPUs:
+// benchmarks/results/cpu_sequence.md and cpu.md).  float64: MKL.  Where torch
+// has no MKL, and for bfloat16, torch's mm (the shim's mm is MKL for float32
+// and float64, so there is nothing more to time; oneDNN's matmul, outside the
+// stable ABI, lost to MKL).  LLTM_CPU_GEMM=aten or avx2-fma sends these GEMMs
+// there too (avx2-fma on all threads).
 template <typename scalar_t>
-Route all_steps_route(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const scalar_t* a, int64_t lda,
-                      const scalar_t* b, int64_t ldb, bool accumulate, scalar_t* c, int64_t ldc) {
+AllStepsRoute all_steps_route(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const scalar_t* a,
+                              int64_t lda, const scalar_t* b, int64_t ldb, bool accumulate, scalar_t* c, int64_t ldc) {
   const std::optional<Route> requested = requested_route();
   const bool mkl_here = !std::is_same_v<scalar_t, c10::BFloat16> && mkl().has_gemm() && fits_int({m, n, k, lda, ldb});
   if constexpr (std::is_same_v<scalar_t, float>) {
     if (has_avx2_fma() && (!requested || requested == Route::kAvx2Fma)) {
+      // The threads the GEMM can use: inside a parallel region, its own only.
+      const int64_t threads = in_parallel_region() ? 1 : num_threads();
       // This thread's choices by shape, read before the key is formatted and the tuning mutex
       // taken: the per-step cell makes one such GEMM per call.
-      thread_local std::map<std::tuple<int64_t, int64_t, int64_t, bool, bool, int64_t>, Route> chosen;
-      const auto shape = std::make_tuple(m, n, k, trans_a, trans_b, num_threads());
+      thread_local std::map<std::tuple<int64_t, int64_t, int64_t, bool, bool, int64_t>, AllStepsRoute> chosen;
+      const auto shape = std::make_tuple(m, n, k, trans_a, trans_b, threads);
       if (const auto found = chosen.find(shape); found != chosen.end()) {
         return found->second;
       }
-      std::vector<Route> candidates = {Route::kAvx2Fma};
+      // One thread is offered only below this many multiply-adds: a larger GEMM always gains from
+      // more threads, and timing it on one would add tens of ms to its first call.  Those small
+      // GEMMs take microseconds, so they are timed in kCloseCallRounds rounds.
+      constexpr int64_t kOneThreadMacs = int64_t{1} << 24;
+      const bool one_thread_too = !requested && threads > 1 && m * n * k <= kOneThreadMacs;
+      std::vector<AllStepsRoute> candidates = {{Route::kAvx2Fma}};
+      std::vector<const char*> names = {route_name(Route::kAvx2Fma)};
+      if (one_thread_too) {
+        candidates.push_back({Route::kAvx2Fma, true});
+        names.push_back("avx2-fma 1 thread");
+      }
       if (mkl_here && !requested) {
-        candidates.push_back(Route::kMkl);
+        candidates.push_back({Route::kMkl});
+        names.push_back(route_name(Route::kMkl));
+        if (one_thread_too) {
+          candidates.push_back({Route::kMkl, true});
+          names.push_back("mkl 1 thread");
+        }
       }
       std::ostringstream key, fields;
       key << "all steps float32 M" << m << " N" << n << " K" << k << (trans_a ? " A^T" : "") << (trans_b ? " B^T" : "")
-          << " threads " << num_threads();
+          << " threads " << threads;
       fields << "\"kind\": \"all steps\", \"dtype\": \"float32\", \"m\": " << m << ", \"n\": " << n
              << ", \"k\": " << k << ", \"a_transposed\": " << (trans_a ? "true" : "false")
-             << ", \"b_transposed\": " << (trans_b ? "true" : "false") << ", \"threads\": " << num_threads()
+             << ", \"b_transposed\": " << (trans_b ? "true" : "false") << ", \"threads\": " << threads
              << ", \"torch_threads\": " << num_threads();
-      return chosen[shape] = tuned(key.str(), fields.str(), candidates, [&](Route route) {
+      const int index = tuning::tuned_index(key.str(), fields.str(), names, [&](int i) {
         // Timed into C itself where the call overwrites it anyway: a scratch C would raise the peak
         // memory of an inference forward by the gates of a whole chunk.
         std::vector<float> scratch(accumulate ? std::max<int64_t>(m * n, 1) : 0);
         float* out = accumulate ? scratch.data() : c;
         const int64_t ld_out = accumulate ? n : ldc;
-        return tuning::time_us([&] { gemm_on(route, trans_a, trans_b, m, n, k, a, lda, b, ldb, false, out, ld_out); });
-      });
+        return tuning::time_us(
+            [&] { gemm_on(candidates[i], trans_a, trans_b, m, n, k, a, lda, b, ldb, false, out, ld_out); });
+      }, requested ? "LLTM_CPU_GEMM" : tuning::kOnlyOne, one_thread_too ? tuning::kCloseCallRounds : 1);
+      return chosen[shape] = candidates[index];
     }
   }
-  return requested != Route::kAten && mkl_here ? Route::kMkl : Route::kAten;
+  return {requested != Route::kAten && mkl_here ? Route::kMkl : Route::kAten};
 }
 
 // ---- The recurrent GEMMs.
@@ -406,7 +443,7 @@ void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const sca
     zero_or_keep(m, n, accumulate, c, ldc);
     return;
   }
-  const Route route = all_steps_route<scalar_t>(trans_a, trans_b, m, n, k, a, lda, b, ldb, accumulate, c, ldc);
+  const AllStepsRoute route = all_steps_route<scalar_t>(trans_a, trans_b, m, n, k, a, lda, b, ldb, accumulate, c, ldc);
   gemm_on(route, trans_a, trans_b, m, n, k, a, lda, b, ldb, accumulate, c, ldc);
 }
 

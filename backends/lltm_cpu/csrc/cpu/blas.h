@@ -17,9 +17,10 @@
 //   AMX tiles for bfloat16, gemm_bf16_amx.cpp),
 //   and torch's mm through the stable C shim
 //   (aoti_torch_cpu_mm_out), which every torch has;
-// * the GEMMs over all steps (gemm): in float32, lltm-cpu's AVX2 FMA kernel
-//   or MKL, the faster measured at the shape's first use; MKL in float64;
-//   else the shim.
+// * the GEMMs over all steps (gemm), and the per-step cell's: in float32,
+//   lltm-cpu's AVX2 FMA kernel or MKL, each on all of torch's threads or, for
+//   a small GEMM, on the calling thread alone, the fastest measured at the
+//   shape's first use; MKL in float64; else the shim.
 //
 // torch's brgemm and oneDNN matmul are ATen internals, outside the stable
 // ABI: what they were worth on each CPU measured is in
@@ -55,7 +56,7 @@ std::optional<Route> requested_route();
 // C (m x n) = op(A) op(B), plus C's old contents if `accumulate` (else they
 // are never read).  Row-major; op(X) is X^T where trans_x; lda, ldb and ldc are
 // the row strides of A, B and C as stored.  scalar_t: float, double or
-// c10::BFloat16.  Uses all of torch's threads.
+// c10::BFloat16.  Uses all of torch's threads, or one where that measured faster.
 // Throws for a dtype LLTM_CPU_GEMM has no route for.
 template <typename scalar_t>
 void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const scalar_t* a, int64_t lda,
