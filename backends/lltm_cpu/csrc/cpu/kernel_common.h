@@ -10,6 +10,7 @@
 #include <torch/headeronly/util/BFloat16.h>
 #include "check.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <exception>
@@ -123,10 +124,32 @@ inline void check_dtypes(const char* op, std::initializer_list<NamedTensor> tens
   }
 }
 
+// The per-step cell's kernels take and make a dozen tensors a call, at a size
+// where each pass over them takes a few microseconds.  torch::stable::empty and
+// ::contiguous look their aten operator up by name and box its arguments on
+// every call, which cost more than the cell's pointwise pass
+// (benchmarks/results/cpu.md); the two below skip that.
+
+// A new contiguous CPU tensor, made by the C shim's empty_strided.
 inline Tensor empty(std::initializer_list<int64_t> sizes, ScalarType dtype) {
-  return torch::stable::empty(torch::headeronly::IntHeaderOnlyArrayRef(sizes), dtype, std::nullopt,
-                              torch::stable::Device(torch::headeronly::DeviceType::CPU));
+  constexpr size_t kMaxDims = 4;
+  LLTM_CHECK(sizes.size() <= kMaxDims, "lltm_cpu: empty() takes at most ", kMaxDims, " dimensions");
+  int64_t strides[kMaxDims];
+  int64_t stride = 1;
+  for (size_t dim = sizes.size(); dim-- > 0;) {
+    strides[dim] = stride;
+    stride *= std::max<int64_t>(sizes.begin()[dim], 1);
+  }
+  const auto shim_dtype = torch::stable::detail::to<int32_t>(torch::stable::detail::from(dtype));
+  AtenTensorHandle handle = nullptr;
+  LLTM_CHECK(aoti_torch_empty_strided(static_cast<int64_t>(sizes.size()), sizes.begin(), strides, shim_dtype,
+                                      aoti_torch_device_type_cpu(), 0, &handle) == AOTI_TORCH_SUCCESS,
+             "lltm_cpu: could not allocate a ", dtype_name(dtype), " tensor of ", sizes.size(), " dimensions");
+  return Tensor(handle);
 }
+
+// `t` itself where it is contiguous, else a contiguous copy.
+inline Tensor as_contiguous(const Tensor& t) { return t.is_contiguous() ? t : torch::stable::contiguous(t); }
 
 // torch's thread count (torch.set_num_threads), and whether this thread is
 // inside a parallel region of torch's pool (where a parallel_for runs inline).

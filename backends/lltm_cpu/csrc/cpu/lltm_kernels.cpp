@@ -94,11 +94,11 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> lltm_forward(
   check_dtypes(op, {{"input", input_arg}, {"weights", weights_arg}, {"bias", bias_arg}, {"old_h", old_h_arg},
                     {"old_cell", old_cell_arg}});
   // lltm_core passes contiguous tensors, for which these are no-ops.
-  const Tensor input = torch::stable::contiguous(input_arg);
-  const Tensor weights = torch::stable::contiguous(weights_arg);
-  const Tensor bias = torch::stable::contiguous(bias_arg);
-  const Tensor old_h = torch::stable::contiguous(old_h_arg);
-  const Tensor old_cell = torch::stable::contiguous(old_cell_arg);
+  const Tensor input = as_contiguous(input_arg);
+  const Tensor weights = as_contiguous(weights_arg);
+  const Tensor bias = as_contiguous(bias_arg);
+  const Tensor old_h = as_contiguous(old_h_arg);
+  const Tensor old_cell = as_contiguous(old_cell_arg);
 
   const ScalarType dtype = input.scalar_type();
   Tensor X = empty({batch, state_size + input_features}, dtype);
@@ -142,12 +142,12 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> lltm_backward(
   check_matrix(tanh_cell_arg, op, "tanh_cell", batch, state_size);
   check_dtypes(op, {{"grad_new_h", grad_h_arg}, {"grad_new_cell", grad_cell_arg}, {"weights", weights_arg},
                     {"X", X_arg}, {"gates", gates_arg}, {"tanh_cell", tanh_cell_arg}});
-  const Tensor grad_h = torch::stable::contiguous(grad_h_arg);
-  const Tensor grad_cell = torch::stable::contiguous(grad_cell_arg);
-  const Tensor weights = torch::stable::contiguous(weights_arg);
-  const Tensor X = torch::stable::contiguous(X_arg);
-  const Tensor gates = torch::stable::contiguous(gates_arg);
-  const Tensor tanh_cell = torch::stable::contiguous(tanh_cell_arg);
+  const Tensor grad_h = as_contiguous(grad_h_arg);
+  const Tensor grad_cell = as_contiguous(grad_cell_arg);
+  const Tensor weights = as_contiguous(weights_arg);
+  const Tensor X = as_contiguous(X_arg);
+  const Tensor gates = as_contiguous(gates_arg);
+  const Tensor tanh_cell = as_contiguous(tanh_cell_arg);
 
   const ScalarType dtype = grad_h.scalar_type();
   Tensor grad_gates = empty({batch, 3 * state_size}, dtype);

@@ -346,7 +346,7 @@ Tensor checked_lengths(const Tensor& lengths, const char* op, int64_t steps, int
   LLTM_CHECK(lengths.scalar_type() == ScalarType::Long && lengths.is_cpu(), op,
                   ": lengths must be an int64 CPU tensor, got ", c10::toString(lengths.scalar_type()),
                   lengths.is_cpu() ? " on the CPU" : " on another device");
-  Tensor dense = torch::stable::contiguous(lengths);
+  Tensor dense = as_contiguous(lengths);
   const int64_t* values = dense.const_data_ptr<int64_t>();
   for (int64_t row = 0; row < batch; ++row) {
     LLTM_CHECK(values[row] >= 1 && values[row] <= steps, op, ": lengths must be in [1, ", steps, "], got ",
@@ -411,10 +411,10 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> sequence_forward(
   check_dtypes(op, {{"input", input_arg}, {"weights", weights_arg}, {"bias", bias_arg}, {"h0", h0_arg},
                     {"c0", c0_arg}});
   // lltm_core passes contiguous tensors, for which these are no-ops.
-  const Tensor input = torch::stable::contiguous(input_arg);
-  const Tensor weights = torch::stable::contiguous(weights_arg);
-  const Tensor bias = torch::stable::contiguous(bias_arg);
-  const Tensor h0 = torch::stable::contiguous(h0_arg);
+  const Tensor input = as_contiguous(input_arg);
+  const Tensor weights = as_contiguous(weights_arg);
+  const Tensor bias = as_contiguous(bias_arg);
+  const Tensor h0 = as_contiguous(h0_arg);
   const std::optional<Tensor> lengths =
       lengths_arg.has_value() ? std::optional(checked_lengths(*lengths_arg, op, T, B)) : std::nullopt;
 
@@ -574,19 +574,19 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> sequence_backward(
   check_dtypes(op, {{"grad_output", grad_output_arg}, {"grad_h_n", grad_h_n}, {"grad_c_n", grad_c_n},
                     {"weights", weights_arg}, {"input", input_arg}, {"h0", h0_arg}, {"output", output_arg},
                     {"gates", gates_arg}, {"tanh_cell", tanh_cell_arg}});
-  const Tensor weights = torch::stable::contiguous(weights_arg);
-  const Tensor input = torch::stable::contiguous(input_arg);
-  const Tensor h0 = torch::stable::contiguous(h0_arg);
-  const Tensor output = torch::stable::contiguous(output_arg);
-  const Tensor gates = torch::stable::contiguous(gates_arg);
-  const Tensor tanh_cell = torch::stable::contiguous(tanh_cell_arg);
+  const Tensor weights = as_contiguous(weights_arg);
+  const Tensor input = as_contiguous(input_arg);
+  const Tensor h0 = as_contiguous(h0_arg);
+  const Tensor output = as_contiguous(output_arg);
+  const Tensor gates = as_contiguous(gates_arg);
+  const Tensor tanh_cell = as_contiguous(tanh_cell_arg);
   const std::optional<Tensor> lengths =
       lengths_arg.has_value() ? std::optional(checked_lengths(*lengths_arg, op, T, B)) : std::nullopt;
   // Autograd's gradient of output.sum() is one value expanded (all strides
   // 0): the pass reads rows of any stride, and a row that is one broadcast
   // value, so only other layouts are copied.
   const Tensor grad_output =
-      grad_output_arg.stride(2) == 0 || grad_output_arg.stride(2) == 1 ? grad_output_arg : torch::stable::contiguous(grad_output_arg);
+      grad_output_arg.stride(2) == 0 || grad_output_arg.stride(2) == 1 ? grad_output_arg : as_contiguous(grad_output_arg);
 
   const ScalarType dtype = input.scalar_type();
   // The carried gradients of h and c (float for bfloat16), which end as those of h0 and c0.
