@@ -54,6 +54,9 @@ setup(
     ],
     # _build_info.py beside the library: lltm_cpu checks the torch and the file before loading it
     # (a truncated or replaced file is then an unavailable backend with the reason, not a crash).
-    cmdclass={"build_ext": lltm_build.build_ext(BuildExtensionPerISA).with_options(use_ninja=True)},
+    cmdclass={"build_ext": lltm_build.build_ext(
+        BuildExtensionPerISA,
+        f"KERNELS_LEFT_OUT = {config['KERNELS_LEFT_OUT']!r}  # GEMM route: why this build has no kernel for it\n",
+    ).with_options(use_ninja=True)},
     **lltm_build.setup_kwargs(),
 )

@@ -28,7 +28,8 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["saved_layout", "sequence_saved_layout", "load_backend", "cpu_info", "gemm_routes", "library_path"]
+__all__ = ["saved_layout", "sequence_saved_layout", "load_backend", "cpu_info", "gemm_routes", "kernels_left_out",
+           "library_path"]
 
 _DISTRIBUTION = "lltm-cpu"
 _HERE = Path(__file__).resolve().parent
@@ -134,11 +135,27 @@ def variant() -> str:
         from . import _build_info as info
     except ImportError:
         return "none: " + _NEVER_BUILT
+    left_out = "".join(f"; built without its {route} kernel: {why}" for route, why in kernels_left_out().items())
     if os.environ.get("LLTM_CPU_JIT") == "1":
-        return "LLTM_CPU_JIT=1: compiled from this source tree for the running torch"
+        return "LLTM_CPU_JIT=1: compiled from this source tree for the running torch" + left_out
     target = ".".join(map(str, info.TARGET_TORCH))
     return (f"stable ABI, for torch >= {target} (built with torch {info.TORCH_VERSION}): "
-            f"the only build lltm-cpu has, and it runs on any such torch")
+            f"the only build lltm-cpu has, and it runs on any such torch" + left_out)
+
+
+def kernels_left_out() -> dict[str, str]:
+    """{GEMM route: why} for each of lltm-cpu's own GEMM kernels (``avx2-fma``, ``avx512-bf16``,
+    ``amx-bf16``) that the library was built without (a compiler that lacks the instructions, or a
+    CPU architecture other than x86-64): those routes are never offered, on any CPU."""
+    if os.environ.get("LLTM_CPU_JIT") == "1":
+        from . import _build_config as config
+
+        return dict(config.KERNELS_LEFT_OUT)
+    try:
+        from . import _build_info as info
+    except ImportError:
+        return {}
+    return dict(getattr(info, "KERNELS_LEFT_OUT", {}))
 
 
 _NEVER_BUILT = ("lltm_cpu was never built (no lltm_cpu/_build_info.py): "

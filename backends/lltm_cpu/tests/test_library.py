@@ -143,3 +143,53 @@ def test_damaged_library_is_unavailable_not_fatal_in_subprocess(tmp_path, cut):
         assert f"the library is damaged (expected {size} bytes, found {library.stat().st_size}): reinstall lltm-cpu" \
             in result["reason"], result
     assert result["answered_by"] == "ref" and result["finite"], result
+
+
+BUILD_CONFIG = Path(__file__).resolve().parents[1] / "lltm_cpu" / "_build_config.py"
+
+
+@pytest.mark.skipif(not BUILD_CONFIG.is_file(), reason="needs lltm-cpu's source tree (lltm_cpu/_build_config.py)")
+@pytest.mark.parametrize("rejected, lacking, left_out", [
+    ("-mamx-tile", "amx-bf16", {"amx-bf16"}),  # GCC 10 or clang 11: no AMX
+    # GCC 9: neither (the AMX kernel reads the AVX512_BF16 kernel's packing)
+    ("-mavx512bf16", "avx512-bf16", {"avx512-bf16", "amx-bf16"}),
+])
+def test_build_leaves_out_the_kernels_its_compiler_lacks(tmp_path, rejected, lacking, left_out):
+    """A compiler without some kernel's instructions builds the library without that kernel (and its
+    route), says which and why, and keeps every other kernel; it does not fail the build."""
+    import platform
+
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        pytest.skip(f"lltm-cpu's own GEMM kernels are x86-64 code, and this is {platform.machine()}")
+    real = shutil.which(os.environ.get("CXX", "c++"))
+    if real is None:
+        pytest.skip("no C++ compiler ($CXX or c++) to stand behind the old one")
+    old_compiler = tmp_path / "old-c++"
+    old_compiler.write_text(textwrap.dedent(f"""\
+        #!/bin/sh
+        for arg in "$@"; do
+          if [ "$arg" = "{rejected}" ]; then echo "c++: error: unrecognized command-line option '{rejected}'" >&2; exit 1; fi
+        done
+        exec {real} "$@"
+        """))
+    old_compiler.chmod(0o755)
+    probe = subprocess.run(
+        [sys.executable, "-c", "import json, runpy, sys; c = runpy.run_path(sys.argv[1]); "
+                               "print(json.dumps({k: c[k] for k in ('ISA_SOURCES', 'KERNELS_LEFT_OUT', 'COMPILE_FLAGS')}))",
+         str(BUILD_CONFIG)],
+        env={**os.environ, "CXX": str(old_compiler)}, capture_output=True, text=True, check=True)
+    import json
+
+    config = json.loads(probe.stdout)
+    kernels = {"avx2-fma": ("csrc/cpu/gemm_f32_avx2.cpp", "-DLLTM_CPU_AVX2_FMA"),
+               "avx512-bf16": ("csrc/cpu/gemm_bf16_avx512.cpp", "-DLLTM_CPU_AVX512_BF16"),
+               "amx-bf16": ("csrc/cpu/gemm_bf16_amx.cpp", "-DLLTM_CPU_AMX_BF16")}
+    assert set(config["KERNELS_LEFT_OUT"]) == left_out, config
+    for route, (source, macro) in kernels.items():
+        assert (source in config["ISA_SOURCES"]) == (route not in left_out), (route, config)
+        assert (macro in config["COMPILE_FLAGS"]) == (route not in left_out), (route, config)
+    assert rejected in config["KERNELS_LEFT_OUT"][lacking], config
+    for route in left_out:
+        assert f"building without its {route} GEMM kernel" in probe.stderr, probe.stderr
+    # The pointwise passes are not optional: every x86-64 compiler lltm-cpu supports has AVX-512F.
+    assert {"csrc/cpu/pointwise_avx2.cpp", "csrc/cpu/pointwise_avx512.cpp"} <= set(config["ISA_SOURCES"])

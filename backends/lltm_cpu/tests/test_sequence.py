@@ -526,14 +526,14 @@ def test_forced_gemm_routes_in_subprocess(route, lltm_seed):
     if not torch.backends.mkl.is_available() and route != "aten":
         pytest.skip("this torch has no MKL: the forced routes fall back to aten")
     if route == "avx512-bf16" and not avx512_bf16_kernel():
-        pytest.skip("this CPU has no AVX512_BF16 (or ATEN_CPU_CAPABILITY is below avx512): lltm-cpu's bfloat16 "
-                    "kernel never runs here")
+        pytest.skip("this CPU has no AVX512_BF16 (or ATEN_CPU_CAPABILITY is below avx512, or the library was built "
+                    f"without it: {lltm_cpu.kernels_left_out()}): lltm-cpu's bfloat16 kernel never runs here")
     if route == "amx-bf16" and not amx_bf16_kernel():
-        pytest.skip("this CPU has no AMX-BF16 (or ATEN_CPU_CAPABILITY is below avx512): lltm-cpu's AMX kernel never "
-                    "runs here")
+        pytest.skip("this CPU has no AMX-BF16 (or ATEN_CPU_CAPABILITY is below avx512, or the library was built "
+                    f"without it: {lltm_cpu.kernels_left_out()}): lltm-cpu's AMX kernel never runs here")
     if route == "avx2-fma" and not avx2_fma_kernel():
-        pytest.skip("this CPU has no AVX2 and FMA (or ATEN_CPU_CAPABILITY=default): lltm-cpu's float32 kernel "
-                    "never runs here")
+        pytest.skip("this CPU has no AVX2 and FMA (or ATEN_CPU_CAPABILITY=default, or the library was built without "
+                    f"it: {lltm_cpu.kernels_left_out()}): lltm-cpu's float32 kernel never runs here")
     env = {**os.environ, "LLTM_CPU_GEMM": route}
     probe = subprocess.run([sys.executable, "-c", _ROUTE_PROBE], env=env, capture_output=True, text=True, check=True)
     result = json.loads(probe.stdout)
@@ -575,18 +575,21 @@ def kit_selection(route: str) -> str:
 
 def avx2_fma_kernel() -> bool:
     """Whether lltm-cpu's own float32 kernel can run here: it is then a measured route."""
-    return {"avx2", "fma"} <= cpu_flags() and torch.backends.cpu.get_cpu_capability() != "DEFAULT"
+    return ({"avx2", "fma"} <= cpu_flags() and torch.backends.cpu.get_cpu_capability() != "DEFAULT"
+            and "avx2-fma" not in lltm_cpu.kernels_left_out())
 
 
 def avx512_bf16_kernel() -> bool:
     """Whether lltm-cpu's own bfloat16 kernel can run here: it is then a measured route."""
-    return "avx512_bf16" in cpu_flags() and torch.backends.cpu.get_cpu_capability() == "AVX512"
+    return ("avx512_bf16" in cpu_flags() and torch.backends.cpu.get_cpu_capability() == "AVX512"
+            and "avx512-bf16" not in lltm_cpu.kernels_left_out())
 
 
 def amx_bf16_kernel() -> bool:
     """Whether lltm-cpu's AMX kernel can run here (Linux lists the flags only where it hands out the
     tiles): it is then a measured route."""
-    return {"amx_bf16", "amx_tile"} <= cpu_flags() and avx512_bf16_kernel()
+    return ({"amx_bf16", "amx_tile"} <= cpu_flags() and avx512_bf16_kernel()
+            and "amx-bf16" not in lltm_cpu.kernels_left_out())
 
 
 _BAD_SETTING_PROBE = """

@@ -416,6 +416,15 @@ const char* route_name(Route route) {
   return "?";
 }
 
+namespace {
+
+// One of lltm-cpu's own GEMM kernels, which a build may lack (lltm_cpu/_build_config.py).
+bool is_own_kernel(Route route) {
+  return route == Route::kAmxBf16 || route == Route::kAvx512Bf16 || route == Route::kAvx2Fma;
+}
+
+}  // namespace
+
 std::optional<Route> requested_route() {
   static const std::optional<Route> route = []() -> std::optional<Route> {
     const char* env = std::getenv("LLTM_CPU_GEMM");
@@ -465,6 +474,9 @@ Route recurrent_route(bool trans_b, int64_t max_m, int64_t n, int64_t k, const s
                     : *requested == Route::kAvx2Fma ? "; avx2-fma is lltm-cpu's float32 kernel, for float32 and "
                                                       "bfloat16 on CPUs with AVX2 and FMA"
                                                      : "",
+                    is_own_kernel(*requested) ? ", in a build that has it, which lltm_cpu.kernels_left_out() "
+                                                "tells"
+                                              : "",
                     "): unset LLTM_CPU_GEMM to choose by measurement, or set one of those");
     candidates = {*requested};
   }
