@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import importlib.util
-import platform
 import re
 import statistics
 import subprocess
@@ -27,6 +26,7 @@ from pathlib import Path
 import torch
 
 import lltm_core
+from lltm_core.benchmarking import cpu_model
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "deploy"
@@ -34,9 +34,15 @@ T, B, I, S = 64, 16, 32, 128
 
 
 def _build_runner(build: Path) -> Path:
-    subprocess.run(["cmake", "-S", str(EXAMPLE), "-B", str(build), "-DCMAKE_BUILD_TYPE=Release",
-                    f"-DCMAKE_PREFIX_PATH={torch.utils.cmake_prefix_path}"], check=True, capture_output=True)
-    subprocess.run(["cmake", "--build", str(build)], check=True, capture_output=True)
+    for command in (["cmake", "-S", str(EXAMPLE), "-B", str(build), "-DCMAKE_BUILD_TYPE=Release",
+                     f"-DCMAKE_PREFIX_PATH={torch.utils.cmake_prefix_path}"],
+                    ["cmake", "--build", str(build)]):
+        done = subprocess.run(command, capture_output=True, text=True)
+        if done.returncode != 0:
+            # A CUDA build of torch makes its CMake package look for the CUDA toolkit too.
+            errors = [line for line in (done.stdout + done.stderr).splitlines() if "rror" in line or "NOTFOUND" in line]
+            raise SystemExit(f"deploy.py: building the C++ runner failed ({' '.join(command)}):\n  "
+                             + "\n  ".join(errors[:8] or done.stderr.splitlines()[-8:]))
     return build / "lltm_deploy_runner"
 
 
@@ -92,7 +98,7 @@ def main(argv=None) -> int:
             rows.append((cpp, eager, cpp / eager))
 
     lines = [
-        f"## {datetime.date.today()}: {platform.processor() or platform.machine()}, "
+        f"## {datetime.date.today()}: {cpu_model()} (ATen's kernels: {torch.backends.cpu.get_cpu_capability()}), "
         f"{torch.get_num_threads()} threads, torch {torch.__version__}, backend {args.backend}",
         "",
         f"LLTMLayer({I}, {S}) at T{T} B{B}, no_grad: the AOTInductor package in C++ against Python eager.",
