@@ -62,19 +62,6 @@ def _check(what: str, got, wants, dtype):
                           f"{alternatives[0].isnan().sum().item()})")
 
 
-# Known to break the rule, and so expected to fail; reported as xfailed (or xpassed, where a seed's
-# values happen to avoid the defect), never as passed.
-# lltm-triton, from a zero state: elements that are neither the reference's nor the skipped product's.
-KNOWN_DEVIATIONS = {("triton", "zero"): "lltm-triton from a zero state: some cell elements are finite values that "
-                                        "are neither the reference's NaN nor the skipped product's (open defect)"}
-
-
-def _expect_known_deviation(request, backend, state):
-    reason = KNOWN_DEVIATIONS.get((backend.name, state))
-    if reason:
-        request.applymarker(pytest.mark.xfail(reason=reason, strict=False))
-
-
 def _zero_state_product(w: torch.Tensor, S: int) -> torch.Tensor:
     w = w.clone()
     w[:, :S] = 0  # W_h @ 0 taken as zero: what skipping the product computes
@@ -82,8 +69,7 @@ def _zero_state_product(w: torch.Tensor, S: int) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("state", ["random", "zero"])
-def test_step_propagates_non_finite_weights(backend, lltm_device, lltm_dtype, state, request):
-    _expect_known_deviation(request, backend, state)
+def test_step_propagates_non_finite_weights(backend, lltm_device, lltm_dtype, state):
     B, I, S = 3, 5, 7
     input, weights, bias, old_h, old_cell = (t.detach() for t in make_inputs(B, I, S, dtype=lltm_dtype,
                                                                             device=lltm_device))
@@ -102,8 +88,7 @@ def test_step_propagates_non_finite_weights(backend, lltm_device, lltm_dtype, st
 
 
 @pytest.mark.parametrize("state", ["random", "zero"])
-def test_sequence_propagates_non_finite_weights(backend, lltm_device, lltm_dtype, state, request):
-    _expect_known_deviation(request, backend, state)
+def test_sequence_propagates_non_finite_weights(backend, lltm_device, lltm_dtype, state):
     T, B, I, S = 4, 3, 5, 7
     input, weights, bias, h0, c0 = (t.detach() for t in make_sequence_inputs(T, B, I, S, dtype=lltm_dtype,
                                                                              device=lltm_device))

@@ -27,7 +27,9 @@ def cell_forward(pre_i, pre_o, pre_z, c):
     i = tl.where(pre_i >= 0, 1.0, e_i) / (1.0 + e_i)
     e_o = tl.exp(-tl.abs(pre_o))
     o = tl.where(pre_o >= 0, 1.0, e_o) / (1.0 + e_o)
-    z = tl.where(pre_z > 0, pre_z, tl.exp(tl.minimum(pre_z, 0.0)) - 1.0)  # elu
+    # elu; the exponent is clamped to <= 0 by a where, not tl.minimum, whose default returns the
+    # other operand for a NaN: that made elu(NaN) 0, a finite cell where the reference has NaN.
+    z = tl.where(pre_z > 0, pre_z, tl.exp(tl.where(pre_z > 0, 0.0, pre_z)) - 1.0)
     new_c = c + z * i
     # tanh as sign(x) (1 - e) / (1 + e) with e = e^{-2|x|} in (0, 1]: no overflow, no NaN, exact 0 at 0.
     e_c = tl.exp(-2.0 * tl.abs(new_c))
