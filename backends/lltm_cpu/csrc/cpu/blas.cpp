@@ -161,6 +161,9 @@ double on_one_thread(const Measure& measure) {
   return us;
 }
 
+// How a GEMM's choice with one candidate was made, as gemm_routes() reports it.
+const char* single_route_source() { return requested_route().has_value() ? "LLTM_CPU_GEMM" : tuning::kOnlyOne; }
+
 // The route for `key`: the cached choice, or the fastest of `candidates`,
 // each timed by `time_route(route)` -> us, `rounds` times in turn (tuning.h).
 template <typename TimeRoute>
@@ -171,7 +174,7 @@ Route tuned(const std::string& key, const std::string& fields, const std::vector
     names.push_back(route_name(route));
   }
   const int index = tuning::tuned_index(key, fields, names, [&](int i) { return time_route(candidates[i]); },
-                                        requested_route().has_value() ? "LLTM_CPU_GEMM" : tuning::kOnlyOne, rounds);
+                                        single_route_source(), rounds);
   return candidates[index];
 }
 
@@ -317,7 +320,7 @@ AllStepsRoute all_steps_route(bool trans_a, bool trans_b, int64_t m, int64_t n, 
         const int64_t ld_out = accumulate ? n : ldc;
         return tuning::time_us(
             [&] { gemm_on(candidates[i], trans_a, trans_b, m, n, k, a, lda, b, ldb, false, out, ld_out); });
-      }, requested ? "LLTM_CPU_GEMM" : tuning::kOnlyOne, one_thread_too ? tuning::kCloseCallRounds : 1);
+      }, single_route_source(), one_thread_too ? tuning::kCloseCallRounds : 1);
       return chosen[shape] = candidates[index];
     }
   }
