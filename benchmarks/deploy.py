@@ -39,10 +39,13 @@ def _build_runner(build: Path) -> Path:
                     ["cmake", "--build", str(build)]):
         done = subprocess.run(command, capture_output=True, text=True)
         if done.returncode != 0:
-            # A CUDA build of torch makes its CMake package look for the CUDA toolkit too.
-            errors = [line for line in (done.stdout + done.stderr).splitlines() if "rror" in line or "NOTFOUND" in line]
+            # The first error and what follows it: CMake's messages span lines (a CUDA build of
+            # torch, say, has its CMake package look for the CUDA toolkit too).
+            lines = (done.stderr + done.stdout).splitlines()
+            first = next((i for i, line in enumerate(lines) if "CMake Error" in line or "error:" in line),
+                         max(len(lines) - 15, 0))
             raise SystemExit(f"deploy.py: building the C++ runner failed ({' '.join(command)}):\n  "
-                             + "\n  ".join(errors[:8] or done.stderr.splitlines()[-8:]))
+                             + "\n  ".join(lines[first:first + 15]))
     return build / "lltm_deploy_runner"
 
 
