@@ -32,6 +32,7 @@ TORCH_CPU = "torch==2.13.0"  # the CPU build: tests run against it
 TORCH_CUDA = "torch==2.14.1"  # the CUDA 13.0 build: only to compile lltm-cuda here
 TORCH_DEVICE = "torch==2.11.0"  # the GPU check's preinstalled torch (2.11.0+cu130): see the device_torch session
 TRITON = "triton==3.9.0"  # lltm-triton's kernels, run here by its numpy interpreter (with torch 2.13.0's CPU build)
+ZIGLANG = "ziglang==0.17.1"  # zig's clang, a cross compiler from PyPI: lltm-cpu built for Arm (cpu_aarch64)
 BUILD_TOOLS = ("setuptools>=64", "wheel", "ninja")
 TEST_TOOLS = ("pytest", "numpy", "matplotlib")  # matplotlib: lltm bench --plot is tested too
 WHEELHOUSE = ROOT / "wheelhouse"
@@ -44,7 +45,7 @@ nox.options.error_on_missing_interpreters = True
 # a session is one core's work (pip, a compiler, pytest).  On 2-core Intel Xeons (2026-12): one
 # session after another, 50 minutes (Sapphire Rapids class); in these lanes, 27 and 28 minutes,
 # 28 in all (Ice Lake class).  Builds of one distribution stay in one lane.
-LANES = (["cpu", "cross_torch", "wheels"], ["core", "ref", "cuda", "cuda_emulated", "triton"])
+LANES = (["cpu", "cross_torch", "wheels"], ["core", "ref", "cpu_aarch64", "cuda", "cuda_emulated", "triton"])
 nox.options.sessions = [name for lane in LANES for name in lane]
 
 
@@ -115,12 +116,25 @@ def cpu(session):
     """lltm-cpu: compile the fused C++ extension, run its tests, the kit and the cross-backend tests."""
     _setup(session, TORCH_CPU, ".", "./backends/lltm_ref", "./backends/lltm_cpu")
     session.run("lltm", "info")
-    _pytest(session, str(ROOT / "backends/lltm_cpu/tests"))
+    _pytest(session, str(ROOT / "backends/lltm_cpu/tests"), "--ignore", str(CROSS_BUILD_TEST))
     _pytest(session, "--pyargs", "lltm_core.testing", "--lltm-backend", "cpu")
     # With lltm-cpu here, the deploy path (export, AOTInductor, the C++ runner) must run, not skip.
     # test_kit.py checks the kit against planted fakes alone, whatever is installed: core runs it.
     session.env["LLTM_REQUIRE_DEPLOY"] = "1"
     _pytest(session, str(ROOT / "tests"), "--ignore", str(ROOT / "tests/test_kit.py"))
+
+
+CROSS_BUILD_TEST = ROOT / "backends/lltm_cpu/tests/test_cross_build.py"
+
+
+@_session
+def cpu_aarch64(session):
+    """lltm-cpu's sources built for 64-bit Arm Linux (its sdist's build there, without the x86
+    kernels), by zig's clang: they compile, link, and need nothing of torch but its stable C API.
+    Nothing runs (no Arm machine); installs no lltm distribution."""
+    session.install(TORCH_CPU, ZIGLANG, "pytest", "numpy")
+    session.env["LLTM_REQUIRE_CROSS_BUILD"] = "1"
+    _pytest(session, str(CROSS_BUILD_TEST))
 
 
 @_session
