@@ -272,8 +272,49 @@ Tensor call(const char* name, const char* overload, const Args&... args) {
   return torch::stable::detail::to<Tensor>(stack[0]);
 }
 
+// The host code makes and views its tensors through the helpers below, which call the C shim
+// directly (as lltm-cpu's kernel_common.h does): ops.h's empty, empty_like, new_empty, contiguous,
+// transpose and select look their aten operator up by name and box their arguments on every call,
+// as call() does, about 0.5 us each (benchmarks/results/cuda_host.md).
+
+// A new contiguous tensor of `sizes` on the device of `like`.
 inline Tensor empty(IntList sizes, ScalarType dtype, const Tensor& like) {
-  return torch::stable::empty(sizes, dtype, std::nullopt, like.device());
+  constexpr size_t kMaxDims = 4;
+  STD_TORCH_CHECK(sizes.size() <= kMaxDims, "lltm_cuda: empty() takes at most ", kMaxDims, " dimensions");
+  int64_t strides[kMaxDims];
+  int64_t stride = 1;
+  for (size_t dim = sizes.size(); dim-- > 0;) {
+    strides[dim] = stride;
+    stride *= std::max<int64_t>(sizes[dim], 1);
+  }
+  int32_t device_type = 0;
+  STABLE_TORCH_ERROR_CODE_CHECK(aoti_torch_get_device_type(like.get(), &device_type));
+  AtenTensorHandle handle = nullptr;
+  STABLE_TORCH_ERROR_CODE_CHECK(aoti_torch_empty_strided(
+      static_cast<int64_t>(sizes.size()), sizes.data(), strides,
+      torch::stable::detail::to<int32_t>(torch::stable::detail::from(dtype)), device_type,
+      like.get_device_index(), &handle));
+  return Tensor(handle);
+}
+
+// empty_like for a contiguous `t` (each caller's is checked or made so).
+inline Tensor empty_like(const Tensor& t) { return empty(t.sizes(), t.scalar_type(), t); }
+
+// `t` itself where it is contiguous, else a contiguous copy.
+inline Tensor as_contiguous(const Tensor& t) { return t.is_contiguous() ? t : torch::stable::contiguous(t); }
+
+// A view of t's memory: `sizes` and `strides` from `offset` elements past t's first (the shim's
+// offset is added to t's own storage offset, as inductor's _reinterpret_tensor does).
+inline Tensor strided_view(const Tensor& t, IntList sizes, IntList strides, int64_t offset) {
+  AtenTensorHandle handle = nullptr;
+  STABLE_TORCH_ERROR_CODE_CHECK(aoti_torch__reinterpret_tensor(
+      t.get(), static_cast<int64_t>(sizes.size()), sizes.data(), strides.data(), offset, &handle));
+  return Tensor(handle);
+}
+
+// t[i] along the first dimension.
+inline Tensor select0(const Tensor& t, int64_t i) {
+  return strided_view(t, t.sizes().slice(1), t.strides().slice(1), i * t.stride(0));
 }
 
 // A fresh contiguous copy of `t`, in `dtype` (the running state and its gradient).
@@ -290,7 +331,12 @@ inline Tensor narrow(Tensor t, int64_t dim, int64_t start, int64_t length) {
 // dst[...] = src, dst a view into the tensor to fill.
 inline void copy_into(Tensor dst, const Tensor& src) { torch::stable::copy_(dst, src); }
 
-inline Tensor t(const Tensor& m) { return torch::stable::transpose(m, 0, 1); }
+// The transpose of a matrix, as a view.
+inline Tensor t(const Tensor& m) {
+  const int64_t sizes[] = {m.size(1), m.size(0)};
+  const int64_t strides[] = {m.stride(1), m.stride(0)};
+  return strided_view(m, IntList(sizes), IntList(strides), 0);
+}
 
 inline Tensor sum0(const Tensor& t) {
   const int64_t dims[] = {0};

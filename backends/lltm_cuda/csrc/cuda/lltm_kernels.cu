@@ -103,9 +103,9 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> lltm_forward_cuda(
   ops::copy_into(ops::narrow(X, 1, state_size, input.size(1)), input);
   const Tensor gates = ops::empty({batch, 3 * state_size}, input.scalar_type(), input);
   rt::addmm_out(gates, bias, X, ops::t(weights));
-  const Tensor new_h = torch::stable::empty_like(old_cell);
-  const Tensor new_cell = torch::stable::empty_like(old_cell);
-  const Tensor tanh_cell = torch::stable::empty_like(old_cell);
+  const Tensor new_h = ops::empty_like(old_cell);
+  const Tensor new_cell = ops::empty_like(old_cell);
+  const Tensor tanh_cell = ops::empty_like(old_cell);
   const rt::Stream stream = rt::current_stream(device);
   const int64_t numel = old_cell.numel();
 
@@ -133,8 +133,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> lltm_backward_cuda(
   constexpr const char* op = "lltm_cuda::backward";
   // Output gradients come as autograd makes them, often expanded (stride 0)
   // from a sum(); the kernel reads them densely.
-  const Tensor grad_h = torch::stable::contiguous(grad_h_arg);
-  const Tensor grad_cell = torch::stable::contiguous(grad_cell_arg);
+  const Tensor grad_h = ops::as_contiguous(grad_h_arg);
+  const Tensor grad_cell = ops::as_contiguous(grad_cell_arg);
   check_args(op, {{grad_h, "grad_h"}, {grad_cell, "grad_cell"}, {weights, "weights"}, {X, "X"}, {gates, "gates"},
                   {tanh_cell, "tanh_cell"}});
   STD_TORCH_CHECK(grad_h.dim() == 2, op, ": grad_h must be 2-D (batch, state_size), got shape ",
@@ -151,8 +151,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> lltm_backward_cuda(
 
   const int32_t device = gates.get_device_index();
   const rt::DeviceGuard device_guard(device);
-  const Tensor d_gates = torch::stable::empty_like(gates);
-  const Tensor grad_old_cell = torch::stable::empty_like(tanh_cell);
+  const Tensor d_gates = ops::empty_like(gates);
+  const Tensor grad_old_cell = ops::empty_like(tanh_cell);
   const rt::Stream stream = rt::current_stream(device);
   const int64_t numel = tanh_cell.numel();
 
@@ -174,12 +174,12 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> lltm_backward_cuda(
   });
   // d_gates is (B, 3S): grad_X = d_gates @ W, grad_W = d_gates^T @ X, grad_bias = column sums.
   // grad_X is one of the two GEMMs: skipped when neither input nor old_h needs a gradient.
-  Tensor grad_X = torch::stable::new_empty(weights, {0});
+  Tensor grad_X = ops::empty({0}, weights.scalar_type(), weights);
   if (needs_grad_X) {
-    grad_X = torch::stable::new_empty(weights, {batch, weights.size(1)});
+    grad_X = ops::empty({batch, weights.size(1)}, weights.scalar_type(), weights);
     rt::mm_out(grad_X, d_gates, weights);
   }
-  const Tensor grad_weights = torch::stable::new_empty(weights, {3 * state_size, weights.size(1)});
+  const Tensor grad_weights = ops::empty({3 * state_size, weights.size(1)}, weights.scalar_type(), weights);
   rt::mm_out(grad_weights, ops::t(d_gates), X);
   return {grad_X, grad_weights, ops::sum0(d_gates), grad_old_cell};
 }

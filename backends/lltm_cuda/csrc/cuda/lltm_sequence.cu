@@ -189,8 +189,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> lltm_sequence_forward_cuda(
   const ScalarType dtype = input.scalar_type();
   const Tensor gates = ops::empty({chunk, B, 3 * S}, dtype, input);
   const Tensor output = ops::empty({T, B, S}, dtype, input);
-  const Tensor tanh_cell = needs_backward ? ops::empty({T, B, S}, dtype, input) : torch::stable::new_empty(input, {0});
-  const Tensor h = torch::stable::clone(h0);  // the running state; h_n when the loop ends
+  const Tensor tanh_cell = needs_backward ? ops::empty({T, B, S}, dtype, input) : ops::empty({0}, dtype, input);
+  const Tensor h = ops::copy_as(h0, dtype);  // the running state; h_n when the loop ends
   const Tensor cell = opmath_copy(c0);
   const int64_t numel = B * S;
   const rt::Stream stream = rt::current_stream(device);
@@ -219,7 +219,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> lltm_sequence_forward_cuda(
                             w_x_t);
             }
             // contiguous (B, 3S): a GEMM output as it is
-            const Tensor step_gates = torch::stable::select(gates, 0, t - chunk_first);
+            const Tensor step_gates = ops::select0(gates, t - chunk_first);
             rt::addmm_out(step_gates, step_gates, h, w_h_t);
             rt::launch(kernel, blocks, rt::threads_per_block(), stream, step_gates.const_data_ptr<scalar_t>(),
                        h.mutable_data_ptr<scalar_t>(), cell.mutable_data_ptr<opmath_t>(),
@@ -230,7 +230,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> lltm_sequence_forward_cuda(
         });
   });
   if (!needs_backward) {
-    return {output, h, as_dtype_of(cell, input), torch::stable::new_empty(input, {0}), tanh_cell};  // tanh_cell is empty too
+    return {output, h, as_dtype_of(cell, input), ops::empty({0}, dtype, input), tanh_cell};  // tanh_cell is empty too
   }
   return {output, h, as_dtype_of(cell, input), gates, tanh_cell};
 }
@@ -241,7 +241,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> lltm_sequence_backward_cuda(
   constexpr const char* op = "lltm_cuda::sequence_backward";
   // Output gradients come as autograd makes them (a sum's is expanded, stride 0); the kernel
   // reads them densely.  The state gradients are copied anyway, into the running buffers.
-  const Tensor grad_output = torch::stable::contiguous(grad_output_arg);
+  const Tensor grad_output = ops::as_contiguous(grad_output_arg);
   check_args(op, {{grad_output, "grad_output"}, {weights, "weights"}, {input, "input"}, {h0, "h0"},
                   {output, "output"}, {gates, "gates"}, {tanh_cell, "tanh_cell"}});
   STD_TORCH_CHECK(input.dim() == 3, op, ": input must be 3-D (time, batch, input_features), got shape ",
@@ -264,7 +264,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> lltm_sequence_backward_cuda(
   const int32_t device = input.get_device_index();
   const rt::DeviceGuard device_guard(device);
   const Tensor w_h = ops::narrow(weights, 1, 0, S);  // (3S, S), strided: cuBLAS reads it as it is
-  const Tensor d_gates = torch::stable::empty_like(gates);
+  const Tensor d_gates = ops::empty_like(gates);
   const Tensor grad_h = ops::copy_as(grad_h_n, grad_h_n.scalar_type());  // running; grad_h0 when the loop ends
   const Tensor grad_cell = opmath_copy(grad_c_n);
   const int64_t numel = B * S;
@@ -283,7 +283,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> lltm_sequence_backward_cuda(
           const int64_t blocks = grid_size(kernel, numel / VEC, input.get_device());
           for (int64_t k = 0; k < T; ++k) {
             const int64_t t = reverse ? k : T - 1 - k;  // the forward's steps, last first
-            const Tensor step_d_gates = torch::stable::select(d_gates, 0, t);
+            const Tensor step_d_gates = ops::select0(d_gates, t);
             rt::launch(kernel, blocks, rt::threads_per_block(), stream,
                        grad_output.const_data_ptr<scalar_t>() + t * numel,
                        gates.const_data_ptr<scalar_t>() + 3 * t * numel, tanh_cell.const_data_ptr<scalar_t>() + t * numel,
@@ -301,7 +301,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> lltm_sequence_backward_cuda(
   // d_W = d_gates^T [h_prev | x] over all T*B rows, written as its two column blocks (strided
   // views of grad_weights that cuBLAS writes as they are), so no (T, B, S+I) [h_prev | x] is built.
   const Tensor d_gates_2d = torch::stable::view(d_gates, {T * B, 3 * S});
-  const Tensor grad_weights = torch::stable::empty_like(weights);
+  const Tensor grad_weights = ops::empty_like(weights);
   const Tensor grad_w_h = ops::narrow(grad_weights, 1, 0, S);
   const Tensor grad_w_x = ops::narrow(grad_weights, 1, S, I);
   rt::mm_out(grad_w_x, ops::t(d_gates_2d), torch::stable::view(input, {T * B, I}));
@@ -313,7 +313,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> lltm_sequence_backward_cuda(
   const Tensor before = reverse ? ops::narrow(output, 0, 1, T - 1) : ops::narrow(output, 0, 0, T - 1);
   rt::mm_out(grad_w_h, ops::t(torch::stable::reshape(later, {(T - 1) * B, 3 * S})),
              torch::stable::reshape(before, {(T - 1) * B, S}));
-  Tensor first = torch::stable::select(d_gates, 0, reverse ? T - 1 : 0);
+  Tensor first = ops::select0(d_gates, reverse ? T - 1 : 0);
   if (reverse && lengths.has_value()) {
     // clamp: lltm-core passes lengths in [1, T]; a direct call with others must not read out of bounds.
     const Tensor last = ops::minus_one(ops::clamp(*lengths, 1, T));
@@ -321,7 +321,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> lltm_sequence_backward_cuda(
     first = torch::stable::squeeze(ops::gather(d_gates, 0, index), 0);
   }
   rt::addmm_out(grad_w_h, grad_w_h, ops::t(first), h0);
-  Tensor grad_input = torch::stable::new_empty(weights, {0});
+  Tensor grad_input = ops::empty({0}, weights.scalar_type(), weights);
   if (needs_grad_input) {
     grad_input = ops::empty({T * B, I}, input.scalar_type(), input);
     rt::mm_out(grad_input, d_gates_2d, ops::narrow(weights, 1, S, I));
