@@ -1,6 +1,6 @@
 """The AOTInductor package of an LLTM model run from C++, against the same model in Python eager.
 
-    python benchmarks/deploy.py [--rounds 7] [--runs 200] [--backend cpu] [--output FILE]
+    python benchmarks/deploy.py [--rounds 7] [--runs 200] [--backend cpu] [--output FILE] [--cmake-arg -DX=Y ...]
 
 The model is LLTMLayer(I, S) on one backend, at T64 B16 I32 S128, under no_grad.  It is exported
 with dynamic batch and time and compiled by AOTInductor (examples/deploy/export_model.py), and the
@@ -33,9 +33,9 @@ EXAMPLE = ROOT / "examples" / "deploy"
 T, B, I, S = 64, 16, 32, 128
 
 
-def _build_runner(build: Path) -> Path:
+def _build_runner(build: Path, cmake_args: list[str]) -> Path:
     for command in (["cmake", "-S", str(EXAMPLE), "-B", str(build), "-DCMAKE_BUILD_TYPE=Release",
-                     f"-DCMAKE_PREFIX_PATH={torch.utils.cmake_prefix_path}"],
+                     f"-DCMAKE_PREFIX_PATH={torch.utils.cmake_prefix_path}", *cmake_args],
                     ["cmake", "--build", str(build)]):
         done = subprocess.run(command, capture_output=True, text=True)
         if done.returncode != 0:
@@ -71,6 +71,9 @@ def main(argv=None) -> int:
     parser.add_argument("--runs", type=int, default=200, help="calls timed per side and round")
     parser.add_argument("--backend", default="cpu")
     parser.add_argument("--output", type=Path, help="also append the table to this file")
+    parser.add_argument("--cmake-arg", action="append", default=[], metavar="-DNAME=VALUE",
+                        help="passed to cmake's configure step (a CUDA build of torch may need the toolkit's "
+                             "location: examples/deploy/README.md)")
     args = parser.parse_args(argv)
 
     spec = importlib.util.spec_from_file_location("export_model", EXAMPLE / "export_model.py")
@@ -86,7 +89,7 @@ def main(argv=None) -> int:
     x = torch.randn(B, T, I)
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        runner = _build_runner(tmp / "build")
+        runner = _build_runner(tmp / "build", args.cmake_arg)
         package = export_model.export(_First(model), x, dynamic_time=True, package=tmp / "model.pt2")
         torch.save([x], tmp / "inputs.pt")
         _eager_us(model, x, 20)  # warm-up: the GEMM routes are measured once, at the first call of a shape
