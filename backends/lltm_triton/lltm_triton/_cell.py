@@ -54,11 +54,12 @@ def _forward_kernel(x_ptr, h_ptr, c_ptr, w_ptr, b_ptr,
         w_tile = w_ptr + cols[None, :] * K + ks[:, None]
         w_mask = col_ok[None, :] & (ks < K)[:, None]
         x_dot = x_tile.to(DOT)
-        acc_i = tl.dot(x_dot, tl.load(w_tile, mask=w_mask, other=0.0).to(DOT), acc=acc_i, input_precision=PRECISION)
+        acc_i = tl.dot(x_dot, tl.load(w_tile, mask=w_mask, other=0.0).to(DOT), acc=acc_i,
+                       input_precision=PRECISION, out_dtype=ACC)
         acc_o = tl.dot(x_dot, tl.load(w_tile + S * K, mask=w_mask, other=0.0).to(DOT), acc=acc_o,
-                       input_precision=PRECISION)
+                       input_precision=PRECISION, out_dtype=ACC)
         acc_z = tl.dot(x_dot, tl.load(w_tile + 2 * S * K, mask=w_mask, other=0.0).to(DOT), acc=acc_z,
-                       input_precision=PRECISION)
+                       input_precision=PRECISION, out_dtype=ACC)
     pre_i = acc_i + tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(ACC)[None, :]
     pre_o = acc_o + tl.load(b_ptr + S + cols, mask=col_ok, other=0.0).to(ACC)[None, :]
     pre_z = acc_z + tl.load(b_ptr + 2 * S + cols, mask=col_ok, other=0.0).to(ACC)[None, :]
@@ -118,9 +119,12 @@ def _backward_kernel(grad_h_ptr, grad_c_ptr, w_ptr, X_ptr, gates_ptr, tanh_c_ptr
                         mask=(rows < B)[:, None] & (n_cols < K)[None, :], other=0.0)
             # d_gates rounded to the storage dtype, as a cuBLAS GEMM over stored d_gates would see them.
             X = X.to(DOT)
-            acc_i = tl.dot(tl.trans(pw.to_storage(d_i, X_ptr).to(DOT)), X, acc=acc_i, input_precision=PRECISION)
-            acc_o = tl.dot(tl.trans(pw.to_storage(d_o, X_ptr).to(DOT)), X, acc=acc_o, input_precision=PRECISION)
-            acc_z = tl.dot(tl.trans(pw.to_storage(d_z, X_ptr).to(DOT)), X, acc=acc_z, input_precision=PRECISION)
+            acc_i = tl.dot(tl.trans(pw.to_storage(d_i, X_ptr).to(DOT)), X, acc=acc_i,
+                           input_precision=PRECISION, out_dtype=ACC)
+            acc_o = tl.dot(tl.trans(pw.to_storage(d_o, X_ptr).to(DOT)), X, acc=acc_o,
+                           input_precision=PRECISION, out_dtype=ACC)
+            acc_z = tl.dot(tl.trans(pw.to_storage(d_z, X_ptr).to(DOT)), X, acc=acc_z,
+                           input_precision=PRECISION, out_dtype=ACC)
             if pid_n == 0:
                 sum_i += tl.sum(d_i, axis=0)
                 sum_o += tl.sum(d_o, axis=0)
@@ -153,9 +157,9 @@ def _backward_kernel(grad_h_ptr, grad_c_ptr, w_ptr, X_ptr, gates_ptr, tanh_c_ptr
             w_i = tl.load(w_tile, mask=w_mask, other=0.0).to(DOT)
             w_o = tl.load(w_tile + S * K, mask=w_mask, other=0.0).to(DOT)
             w_z = tl.load(w_tile + 2 * S * K, mask=w_mask, other=0.0).to(DOT)
-            acc = tl.dot(pw.to_storage(d_i, w_ptr).to(DOT), w_i, acc=acc, input_precision=PRECISION)
-            acc = tl.dot(pw.to_storage(d_o, w_ptr).to(DOT), w_o, acc=acc, input_precision=PRECISION)
-            acc = tl.dot(pw.to_storage(d_z, w_ptr).to(DOT), w_z, acc=acc, input_precision=PRECISION)
+            acc = tl.dot(pw.to_storage(d_i, w_ptr).to(DOT), w_i, acc=acc, input_precision=PRECISION, out_dtype=ACC)
+            acc = tl.dot(pw.to_storage(d_o, w_ptr).to(DOT), w_o, acc=acc, input_precision=PRECISION, out_dtype=ACC)
+            acc = tl.dot(pw.to_storage(d_z, w_ptr).to(DOT), w_z, acc=acc, input_precision=PRECISION, out_dtype=ACC)
         tl.store(grad_X_ptr + rows[:, None] * K + n_cols[None, :], pw.to_storage(acc, grad_X_ptr),
                  mask=(rows < B)[:, None] & (n_cols < K)[None, :])
 

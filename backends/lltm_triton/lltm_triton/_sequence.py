@@ -68,11 +68,11 @@ def _forward_resident(gx_ptr, w_ptr, h_in_ptr, c_in_ptr, len_ptr,
         # input, the backward's h_prev) is; c stays in the accumulator dtype.
         h_dot = pw.to_storage(h, out_ptr).to(DOT)
         pre_i = tl.dot(h_dot, w_i, acc=tl.load(gx_ptr + gate, mask=mask, other=0.0).to(ACC),
-                       input_precision=PRECISION)
+                       input_precision=PRECISION, out_dtype=ACC)
         pre_o = tl.dot(h_dot, w_o, acc=tl.load(gx_ptr + gate + S, mask=mask, other=0.0).to(ACC),
-                       input_precision=PRECISION)
+                       input_precision=PRECISION, out_dtype=ACC)
         pre_z = tl.dot(h_dot, w_z, acc=tl.load(gx_ptr + gate + 2 * S, mask=mask, other=0.0).to(ACC),
-                       input_precision=PRECISION)
+                       input_precision=PRECISION, out_dtype=ACC)
         i, o, z, new_c, tanh_c, new_h = pw.cell_forward(pre_i, pre_o, pre_z, c)
         out = t * B * S + state
         if HAS_LENGTHS:
@@ -143,11 +143,11 @@ def _forward_streaming(gx_ptr, w_ptr, h_in_ptr, c_in_ptr, len_ptr,
                 w = w_ptr + cols[None, :] * (S + I) + ks[:, None]
                 w_mask = col_ok[None, :] & k_ok[:, None]
                 pre_i = tl.dot(h_k, tl.load(w, mask=w_mask, other=0.0).to(DOT), acc=pre_i,
-                               input_precision=PRECISION)
+                               input_precision=PRECISION, out_dtype=ACC)
                 pre_o = tl.dot(h_k, tl.load(w + S * (S + I), mask=w_mask, other=0.0).to(DOT), acc=pre_o,
-                               input_precision=PRECISION)
+                               input_precision=PRECISION, out_dtype=ACC)
                 pre_z = tl.dot(h_k, tl.load(w + 2 * S * (S + I), mask=w_mask, other=0.0).to(DOT), acc=pre_z,
-                               input_precision=PRECISION)
+                               input_precision=PRECISION, out_dtype=ACC)
             c = tl.load(c_buf_ptr + state, mask=mask, other=0.0)
             i, o, z, new_c, tanh_c, new_h = pw.cell_forward(pre_i, pre_o, pre_z, c)
             out = t * B * S + state
@@ -226,8 +226,8 @@ def _backward_resident(grad_out_ptr, grad_h_n_ptr, grad_c_n_ptr, w_ptr, gates_pt
         tl.store(d_gates_ptr + gate + S, d_o, mask=mask)
         tl.store(d_gates_ptr + gate + 2 * S, d_z, mask=mask)
         new_grad_h = tl.dot(d_i.to(DOT), w_i, input_precision=PRECISION, out_dtype=ACC)
-        new_grad_h = tl.dot(d_o.to(DOT), w_o, acc=new_grad_h, input_precision=PRECISION)
-        new_grad_h = tl.dot(d_z.to(DOT), w_z, acc=new_grad_h, input_precision=PRECISION)
+        new_grad_h = tl.dot(d_o.to(DOT), w_o, acc=new_grad_h, input_precision=PRECISION, out_dtype=ACC)
+        new_grad_h = tl.dot(d_z.to(DOT), w_z, acc=new_grad_h, input_precision=PRECISION, out_dtype=ACC)
         if HAS_LENGTHS:
             grad_h = tl.where(valid, new_grad_h, grad_h)
             grad_c = tl.where(valid, grad_new_c, grad_c)
@@ -291,13 +291,14 @@ def _backward_streaming(grad_out_ptr, grad_h_n_ptr, grad_c_n_ptr, w_ptr, gates_p
                 w = w_ptr + cols[:, None] * (S + I) + ks[None, :]
                 w_mask = col_ok[:, None] & k_ok[None, :]
                 acc = tl.dot(tl.load(d_gates_ptr + gate, mask=d_mask, other=0.0).to(DOT),
-                             tl.load(w, mask=w_mask, other=0.0).to(DOT), acc=acc, input_precision=PRECISION)
+                             tl.load(w, mask=w_mask, other=0.0).to(DOT), acc=acc,
+                             input_precision=PRECISION, out_dtype=ACC)
                 acc = tl.dot(tl.load(d_gates_ptr + gate + S, mask=d_mask, other=0.0).to(DOT),
                              tl.load(w + S * (S + I), mask=w_mask, other=0.0).to(DOT), acc=acc,
-                             input_precision=PRECISION)
+                             input_precision=PRECISION, out_dtype=ACC)
                 acc = tl.dot(tl.load(d_gates_ptr + gate + 2 * S, mask=d_mask, other=0.0).to(DOT),
                              tl.load(w + 2 * S * (S + I), mask=w_mask, other=0.0).to(DOT), acc=acc,
-                             input_precision=PRECISION)
+                             input_precision=PRECISION, out_dtype=ACC)
             k_state = rows[:, None] * S + ks[None, :]
             if HAS_LENGTHS:
                 acc = tl.where(valid, acc, tl.load(g_read + k_state, mask=k_mask, other=0.0))
