@@ -40,10 +40,10 @@ def runner(tmp_path_factory) -> Path:
             pytest.fail(f"LLTM_REQUIRE_DEPLOY=1, but {missing}")
         pytest.skip(missing)
     build = tmp_path_factory.mktemp("runner")
-    subprocess.run(["cmake", "-S", str(EXAMPLE), "-B", str(build), "-DCMAKE_BUILD_TYPE=Release",
-                    f"-DCMAKE_PREFIX_PATH={torch.utils.cmake_prefix_path}"], check=True, capture_output=True)
-    done = subprocess.run(["cmake", "--build", str(build)], capture_output=True, text=True)
-    assert done.returncode == 0, done.stdout + done.stderr
+    for command in (["cmake", "-S", str(EXAMPLE), "-B", str(build), "-DCMAKE_BUILD_TYPE=Release",
+                     f"-DCMAKE_PREFIX_PATH={torch.utils.cmake_prefix_path}"], ["cmake", "--build", str(build)]):
+        done = subprocess.run(command, capture_output=True, text=True)
+        assert done.returncode == 0, f"{' '.join(command)} (torch {torch.__version__}):\n{done.stdout}{done.stderr}"
     return build / "lltm_deploy_runner"
 
 
