@@ -178,6 +178,36 @@ def test_a_trained_cell_loads_as_layer_zero():
     assert not layer.weights_l0.data_ptr() == cell.weights.data_ptr()  # copied, not shared
 
 
+@pytest.mark.parametrize("num_layers, bidirectional, bias", [(1, False, True), (2, True, True), (1, False, False)],
+                         ids=["one-layer", "two-layers-bidirectional", "no-bias"])
+def test_parametrized_weights_are_used_as_nn_lstm_uses_them(num_layers, bidirectional, bias):
+    """torch.nn.utils.parametrize (weight_norm here; spectral_norm, orthogonal alike) turns a parameter
+    into a property: the layer must compute with it and differentiate through it, as nn.LSTM does."""
+    from torch.nn.utils import parametrizations
+
+    torch.manual_seed(0)
+    layer = lltm_core.LLTMLayer(I, S, num_layers, bias=bias, bidirectional=bidirectional, dtype=torch.float64)
+    names = [name for name, _ in layer.named_parameters() if name.startswith("weights")]
+    for name in names:
+        parametrizations.weight_norm(layer, name=name)
+        getattr(layer.parametrizations, name).original0.data.mul_(1.5)  # so the norm matters: w != original
+    x = torch.randn(T, B, I, dtype=torch.float64)
+    output, (h_n, c_n) = layer(x)
+    plain = lltm_core.LLTMLayer(I, S, num_layers, bias=bias, bidirectional=bidirectional, dtype=torch.float64)
+    with torch.no_grad():
+        for name, p in plain.named_parameters():
+            p.copy_(getattr(layer, name))
+    assert not torch.equal(plain.weights_l0, layer.parametrizations.weights_l0.original1)
+    want, (want_h, want_c) = plain(x)
+    for got, expected in ((output, want), (h_n, want_h), (c_n, want_c)):
+        torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
+    (output.sum() + c_n.sum()).backward()
+    for name in names:
+        originals = getattr(layer.parametrizations, name)
+        assert originals.original0.grad is not None and originals.original0.grad.abs().sum() > 0, name
+        assert originals.original1.grad is not None and originals.original1.grad.abs().sum() > 0, name
+
+
 def test_dropout_applies_between_layers_in_training_only():
     torch.manual_seed(0)
     layer = lltm_core.LLTMLayer(I, S, 2, dropout=1.0, dtype=torch.float64)
