@@ -21,11 +21,11 @@ import pytest
 import torch
 from torch.utils.cpp_extension import include_paths
 
+from library_symbols import torch_cpp_symbols, undefined_symbols
+
 DIST = Path(__file__).resolve().parents[1]
 BUILD_CONFIG = DIST / "lltm_cpu" / "_build_config.py"
 TARGET = "aarch64-linux-gnu"
-# The C++ namespaces of torch's own ABI, which changes between releases (as in test_library.py).
-TORCH_CPP_NAMESPACES = ("c10::", "at::", "torch::", "caffe2::", "aoti::")
 
 # _build_config.py as it runs on an Arm machine: only platform.machine() differs.
 _CONFIG_ON_AARCH64 = """
@@ -74,13 +74,9 @@ def test_library_builds_for_aarch64_on_the_stable_c_api_alone(tmp_path):
     assert linked.returncode == 0, linked.stderr[-4000:]
     assert int.from_bytes(library.read_bytes()[18:20], "little") == 183, "not an AArch64 ELF file (e_machine)"
 
-    # "U name" or "w name"; a name with @ is the C library's (name@GLIBC_2.17), a weak one may be absent.
-    undefined = [line.split() for line in subprocess.run(
-        [nm, "-D", "--undefined-only", str(library)], capture_output=True, text=True, check=True).stdout.splitlines()]
-    needed = {name for kind, name in undefined if kind == "U" and "@" not in name}
-    demangled = subprocess.run([nm, "-D", "--undefined-only", "-C", str(library)], capture_output=True, text=True,
-                               check=True).stdout
-    cpp = [line for line in demangled.splitlines() if any(namespace in line for namespace in TORCH_CPP_NAMESPACES)]
+    # Not the C library's (name@GLIBC_2.17), nor weak (may be absent).
+    needed = {name for kind, name in undefined_symbols(nm, library, demangle=False) if kind == "U" and "@" not in name}
+    cpp = torch_cpp_symbols(name for _, name in undefined_symbols(nm, library, demangle=True))
     assert not cpp, f"C++ symbols of torch's own ABI in the {TARGET} library: {cpp}"
     # The rest must come from torch: C functions (the C shim, the stable C API), the same on every
     # architecture, so this torch's libraries must export each.  A stand-in missing from

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import lltm_cpu
+from library_symbols import torch_cpp_symbols, undefined_symbols
 
 LIBRARY = Path(lltm_cpu.library_path())
 
@@ -40,16 +41,9 @@ def test_the_build_record_is_the_file():
     assert library_fingerprint(LIBRARY) == (_build_info.LIBRARY_SIZE, _build_info.LIBRARY_SHA256)
 
 
-# A demangled C++ name in one of these namespaces is torch's C++ ABI, which changes between
-# releases; the stable ABI is C functions (aoti_torch_*, torch_*) and header-only code.
-TORCH_CPP_NAMESPACES = ("c10::", "at::", "torch::", "caffe2::", "aoti::")
-
-
 def test_no_torch_cpp_symbols():
-    undefined = subprocess.run([tool("nm"), "-D", "--undefined-only", "-C", str(LIBRARY)], capture_output=True,
-                               text=True, check=True).stdout.splitlines()
-    names = [line.split(None, 1)[1].strip() for line in undefined if line.strip()]  # "U name" / "w name"
-    cpp = [name for name in names if any(namespace in name for namespace in TORCH_CPP_NAMESPACES)]
+    names = [name for _, name in undefined_symbols(tool("nm"), LIBRARY, demangle=True)]
+    cpp = torch_cpp_symbols(names)
     assert not cpp, f"C++ symbols of torch's own ABI in {LIBRARY.name}: {cpp}"
     # What it does take from torch: the C shim and the stable C API.
     assert any(name.startswith("aoti_torch_") for name in names) and "torch_library_impl" in names, names
