@@ -149,7 +149,7 @@ struct CellForward {
 };
 
 template <typename V>
-CellForward<V> cell_forward(const V& input_pre, const V& output_pre, const V& candidate_pre, const V& old_cell) {
+[[gnu::always_inline]] inline CellForward<V> cell_forward(const V& input_pre, const V& output_pre, const V& candidate_pre, const V& old_cell) {
   CellForward<V> out;
   out.input_gate = sigmoid(input_pre);
   out.output_gate = sigmoid(output_pre);
@@ -169,7 +169,7 @@ struct CellBackward {
 };
 
 template <typename V>
-CellBackward<V> cell_backward(const V& grad_h, const V& grad_cell, const V& tanh_cell, const V& input_gate,
+[[gnu::always_inline]] inline CellBackward<V> cell_backward(const V& grad_h, const V& grad_cell, const V& tanh_cell, const V& input_gate,
                               const V& output_gate, const V& candidate) {
   const V one(1);
   CellBackward<V> out;

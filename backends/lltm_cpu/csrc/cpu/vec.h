@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
@@ -32,6 +33,20 @@ constexpr int kVectorBytes = 32;
 
 // The vector types, outside the template: GCC drops vector_size from a
 // typedef that depends on a template parameter.
+// memcpy of `count` lanes of `lane_bytes` each, where a whole vector is
+// kBytes: a whole vector (every lane but a row's last) as a constant-size
+// copy, which compiles to one vector move.  A variable-size memcpy compiles to
+// `rep movsb`, which made every store of the passes cost as much as their
+// arithmetic (benchmarks/results/cpu_sequence.md, 2026-12-04).
+template <size_t kBytes>
+inline void copy_lanes(void* to, const void* from, int64_t count, size_t lane_bytes) {
+  if (static_cast<size_t>(count) * lane_bytes == kBytes) {
+    std::memcpy(to, from, kBytes);
+  } else {
+    std::memcpy(to, from, static_cast<size_t>(count) * lane_bytes);
+  }
+}
+
 template <typename T>
 struct NativeVector;
 template <>
@@ -65,16 +80,12 @@ struct Vectorized {
   // `count` leading elements (the rest of the vector zero).
   static Vectorized loadu(const void* ptr, int64_t count = kSize) {
     Vectorized out;
-    if (count == kSize) {
-      std::memcpy(&out.v, ptr, sizeof(out.v));
-    } else {
-      out.v = Native{};
-      std::memcpy(&out.v, ptr, count * sizeof(T));
-    }
+    out.v = Native{};
+    copy_lanes<sizeof(Native)>(&out.v, ptr, count, sizeof(T));
     return out;
   }
 
-  void store(void* ptr, int64_t count = kSize) const { std::memcpy(ptr, &v, count * sizeof(T)); }
+  void store(void* ptr, int64_t count = kSize) const { copy_lanes<sizeof(Native)>(ptr, &v, count, sizeof(T)); }
 
   friend Vectorized operator+(const Vectorized& a, const Vectorized& b) { return a.v + b.v; }
   friend Vectorized operator-(const Vectorized& a, const Vectorized& b) { return a.v - b.v; }
@@ -167,7 +178,7 @@ using FloatBits = uint32_t __attribute__((vector_size(kVectorBytes)));
 
 inline Vectorized<float> load_bfloat16(const c10::BFloat16* ptr, int64_t count) {
   Bf16Bits half{};
-  std::memcpy(&half, ptr, count * sizeof(uint16_t));
+  copy_lanes<sizeof(Bf16Bits)>(&half, ptr, count, sizeof(uint16_t));
   const FloatBits bits = __builtin_convertvector(half, FloatBits) << 16;
   Vectorized<float> out;
   std::memcpy(&out.v, &bits, sizeof(bits));
@@ -182,7 +193,7 @@ inline void store_bfloat16(const Vectorized<float>& value, c10::BFloat16* ptr, i
   const FloatBits nan = (FloatBits)(value.v != value.v);
   const FloatBits chosen = (nan & 0x7fc0u) | (~nan & rounded);
   const Bf16Bits half = __builtin_convertvector(chosen, Bf16Bits);
-  std::memcpy(ptr, &half, count * sizeof(uint16_t));
+  copy_lanes<sizeof(Bf16Bits)>(ptr, &half, count, sizeof(uint16_t));
 }
 
 }  // namespace CPU_CAPABILITY
