@@ -67,16 +67,20 @@ Vec<scalar_t> polynomial(const Vec<scalar_t>& x, const scalar_t (&coefficients)[
 // Cody-Waite: x = n ln2 + r with |r| <= ln2/2 (ln2 in two parts, the first
 // exact times any n here), e^r = 1 + r + r^2 (1/2! + r/3! + ... + r^5/7!),
 // whose first omitted term is below 0.1 ulp, then scaled by 2^n.  The clamp
-// keeps inf out of the reduction (inf - inf); past its bounds exp is inf or 0
-// in float32 anyway, and NaN passes through it.  Float64 and the scalar
-// build keep the C library's exp, lane by lane (vec.h).
+// keeps inf out of the reduction (inf - inf), and NaN passes through it.
+// Its lower bound, ln(FLT_MIN), keeps the result normal: a subnormal result
+// costs a microcode assist, and made whole passes several times slower once
+// an LLTM cell state (which no forget gate bounds) fell below -43.7.  Every
+// caller adds the result to 1 or subtracts 1 from it, which rounds any value
+// below FLT_MIN away exactly as it rounds FLT_MIN (benchmarks/pointwise_pass.py).
+// Float64 and the scalar build keep the C library's exp, lane by lane (vec.h).
 template <typename scalar_t>
 Vec<scalar_t> exp_inline(const Vec<scalar_t>& x) {
 #if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
   if constexpr (std::is_same_v<scalar_t, float>) {
     using V = Vec<float>;
     static constexpr float kTaylor[] = {1.f / 2, 1.f / 6, 1.f / 24, 1.f / 120, 1.f / 720, 1.f / 5040};
-    const V clamped = clamp(x, V(-104.f), V(89.f));
+    const V clamped = clamp(x, V(-87.33f), V(89.f));
     const V n = (clamped * V(1.44269504088896341f)).round();
     V r = fmadd(n, V(-0.693145751953125f), clamped);
     r = fmadd(n, V(-1.42860682030941723212e-6f), r);
