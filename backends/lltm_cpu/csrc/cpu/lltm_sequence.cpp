@@ -457,7 +457,11 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> sequence_forward(
 
     const Partition partition = choose_partition<scalar_t>(/*forward=*/true, T, B, S, w, ldw);
     // Each thread's h W_h^T operands (per block of rows, or for its
-    // columns), laid out on its own thread at its first chunk.
+    // columns), laid out on its own thread at its first chunk.  Not at all
+    // for a single step from a zero h0, which has no recurrent product:
+    // laying out W_h costs more than that whole call's other work (T1 B64
+    // S512 float32: 0.38 of its 0.58 ms, benchmarks/results/cpu_sequence.md).
+    const bool any_product = T > 1 || !h0_zero;
     std::vector<std::unique_ptr<BlockOperands<scalar_t>>> w_h(partition.count());
     // h W_h^T, B x 3S, in a buffer of its own (float for bfloat16), which
     // the pointwise pass adds to the projection and the bias; each block
@@ -474,7 +478,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> sequence_forward(
     // with lengths also before the pass writes the state h.
     const auto run_steps = [&](int64_t chunk_begin, int64_t chunk_end, int64_t first_t, int64_t row_begin,
                                int64_t row_end, int64_t col_begin, int64_t col_end,
-                               const BlockOperands<scalar_t>& operands, SpinBarrier* barrier, int64_t weight) {
+                               const BlockOperands<scalar_t>* operands, SpinBarrier* barrier, int64_t weight) {
       const int64_t block_rows = row_end - row_begin;
       opmath_t* product = products.data() + row_begin * 3 * S;
       for (int64_t i = chunk_begin; i < chunk_end; ++i) {
@@ -489,7 +493,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> sequence_forward(
         // From a zero h0 (with lengths too: the state starts as h0) the first product is zero.
         const bool from_zero = i == 0 && h0_zero;
         if (!from_zero) {
-          operands.multiply(block_rows, h_prev, S, /*accumulate=*/false, product, 3 * S);
+          operands->multiply(block_rows, h_prev, S, /*accumulate=*/false, product, 3 * S);
         }
         if (barrier != nullptr && hidden_data != nullptr) {
           barrier->wait(weight);  // every thread has read h_{t-1} before any writes h_t over it
@@ -527,19 +531,20 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> sequence_forward(
       run_partition(partition, [&](int64_t first, int64_t last, SpinBarrier& barrier) {
         if (partition.by_rows()) {
           for (int64_t block = first; block < last; ++block) {
-            if (!w_h[block]) {
+            if (any_product && !w_h[block]) {
               w_h[block] = block_operands(partition, /*forward=*/true, B, S, w, ldw, 0, S);
             }
             run_steps(chunk_begin, chunk_end, first_t, partition.rows.begin(block), partition.rows.end(block), 0, S,
-                      *w_h[block], nullptr, 0);
+                      w_h[block].get(), nullptr, 0);
           }
           return;
         }
         const auto [col_begin, col_end] = owned_columns(partition.columns, first, last);
-        if (!w_h[first] || !w_h[first]->covers(col_begin, col_end)) {
+        if (any_product && (!w_h[first] || !w_h[first]->covers(col_begin, col_end))) {
           w_h[first] = block_operands(partition, /*forward=*/true, B, S, w, ldw, col_begin, col_end);
         }
-        run_steps(chunk_begin, chunk_end, first_t, 0, B, col_begin, col_end, *w_h[first], &barrier, last - first);
+        run_steps(chunk_begin, chunk_end, first_t, 0, B, col_begin, col_end, w_h[first].get(), &barrier,
+                  last - first);
       });
     }
   });
