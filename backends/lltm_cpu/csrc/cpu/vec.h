@@ -31,13 +31,11 @@ constexpr int kVectorBytes = 64;
 constexpr int kVectorBytes = 32;
 #endif
 
-// The vector types, outside the template: GCC drops vector_size from a
-// typedef that depends on a template parameter.
 // memcpy of `count` lanes of `lane_bytes` each, where a whole vector is
-// kBytes: a whole vector (every lane but a row's last) as a constant-size
-// copy, which compiles to one vector move.  A variable-size memcpy compiles to
-// `rep movsb`, which made every store of the passes cost as much as their
-// arithmetic (benchmarks/results/cpu_sequence.md, 2026-12-04).
+// kBytes: a whole vector (all but a row's last) as a constant-size copy,
+// which compiles to one vector move.  A variable-size memcpy compiles to
+// `rep movsb`, which made each store of the passes cost about as much as
+// their arithmetic (benchmarks/results/pointwise.md).
 template <size_t kBytes>
 inline void copy_lanes(void* to, const void* from, int64_t count, size_t lane_bytes) {
   if (static_cast<size_t>(count) * lane_bytes == kBytes) {
@@ -47,6 +45,8 @@ inline void copy_lanes(void* to, const void* from, int64_t count, size_t lane_by
   }
 }
 
+// The vector types, outside the template: GCC drops vector_size from a
+// typedef that depends on a template parameter.
 template <typename T>
 struct NativeVector;
 template <>
