@@ -83,6 +83,9 @@ def main() -> None:
 
     flags = cpu_flags()
     isas = [isa for isa, (_, needs) in BUILDS.items() if needs <= flags]
+    if not isas:
+        raise SystemExit("pointwise_pass.py: this CPU runs none of lltm-cpu's vectorised pointwise builds "
+                         f"({', '.join(BUILDS)}); its portable build is not timed here")
     trees = {"this tree": HERE.parent, **({"against": args.against.resolve()} if args.against else {})}
     times: dict[tuple[str, str], dict] = {}
     with tempfile.TemporaryDirectory(prefix="lltm-pointwise-") as scratch:
