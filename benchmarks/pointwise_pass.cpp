@@ -7,7 +7,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <random>
-#include <string>
+#include <type_traits>
 #include <vector>
 
 #include "pointwise.h"

@@ -56,7 +56,7 @@ def build(tree: Path, isa: str, out: Path) -> Path:
     distribution = tree / "backends" / "lltm_cpu" if (tree / "backends").is_dir() else tree
     config = runpy.run_path(str(distribution / "lltm_cpu" / "_build_config.py"))
     source, _ = BUILDS[isa]
-    includes = [f"-I{path}" for path in torch.utils.cpp_extension.include_paths()] + [f"-I{distribution / 'csrc' / 'cpu'}"]
+    includes = [f"-I{path}" for path in [*torch.utils.cpp_extension.include_paths(), distribution / "csrc" / "cpu"]]
     common = ["c++", "-std=c++17", *config["COMPILE_FLAGS"], *includes]
     passes, harness, binary = out / f"{isa}_passes.o", out / f"{isa}_harness.o", out / f"pointwise_{isa}"
     subprocess.run([*common, *config["ISA_SOURCES"][source], "-c", str(distribution / source), "-o", str(passes)],

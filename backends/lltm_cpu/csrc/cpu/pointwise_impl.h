@@ -72,7 +72,7 @@ Vec<scalar_t> polynomial(const Vec<scalar_t>& x, const scalar_t (&coefficients)[
 // costs a microcode assist, and made whole passes several times slower once
 // an LLTM cell state (which no forget gate bounds) fell below -43.7.  Every
 // caller adds the result to 1 or subtracts 1 from it, which rounds any value
-// below FLT_MIN away exactly as it rounds FLT_MIN (benchmarks/pointwise_pass.py).
+// below FLT_MIN away exactly as it rounds FLT_MIN (benchmarks/results/pointwise.md).
 // Float64 and the scalar build keep the C library's exp, lane by lane (vec.h).
 template <typename scalar_t>
 Vec<scalar_t> exp_inline(const Vec<scalar_t>& x) {
@@ -153,7 +153,8 @@ struct CellForward {
 };
 
 template <typename V>
-[[gnu::always_inline]] inline CellForward<V> cell_forward(const V& input_pre, const V& output_pre, const V& candidate_pre, const V& old_cell) {
+[[gnu::always_inline]] inline CellForward<V> cell_forward(const V& input_pre, const V& output_pre,
+                                                          const V& candidate_pre, const V& old_cell) {
   CellForward<V> out;
   out.input_gate = sigmoid(input_pre);
   out.output_gate = sigmoid(output_pre);
@@ -173,8 +174,9 @@ struct CellBackward {
 };
 
 template <typename V>
-[[gnu::always_inline]] inline CellBackward<V> cell_backward(const V& grad_h, const V& grad_cell, const V& tanh_cell, const V& input_gate,
-                              const V& output_gate, const V& candidate) {
+[[gnu::always_inline]] inline CellBackward<V> cell_backward(const V& grad_h, const V& grad_cell, const V& tanh_cell,
+                                                            const V& input_gate, const V& output_gate,
+                                                            const V& candidate) {
   const V one(1);
   CellBackward<V> out;
   // new_h = tanh(new_cell) * output_gate, new_cell = old_cell + candidate * input_gate.
