@@ -1,0 +1,99 @@
+"""Where a sequence call's device time goes: lltm-cuda's kernels and cuDNN nn.LSTM's, from the profiler.
+
+bench_gpu.py says how long a call takes; this says which kernels take it.  For each size and dtype
+it profiles a few forward (and forward+backward) calls of ``lltm_core.lltm_sequence`` on lltm-cuda
+and of ``torch.nn.LSTM``, and prints per kernel: launches per call, mean and total device time per
+call; then the host time per call beside the device time, which tells a host-bound loop (the GPU
+waiting for launches) from a slow kernel.  Run from the repository root on a CUDA machine::
+
+    python benchmarks/profile_gpu.py [--sizes small large] [--dtypes float32 bfloat16] [--top 6]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+import torch
+
+import lltm_core
+from lltm_core.testing import make_sequence_inputs
+
+SIZES = {"small": (64, 16, 32, 128), "large": (64, 256, 1024, 1024)}  # (T, B, I, S), bench_gpu.py's
+
+
+def kernel_table(fn, calls: int, top: int) -> list[str]:
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    # CPU activity too: with CUDA alone some torch versions drop kernel events.
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    kernels = {}
+    for event in prof.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA:
+            count, total = kernels.get(event.name, (0, 0.0))
+            kernels[event.name] = (count + 1, total + event.device_time)
+    device_us = sum(total for _, total in kernels.values()) / calls
+    rows = sorted(kernels.items(), key=lambda item: -item[1][1])[:top]
+    lines = [f"  device time per call, all kernels: {device_us:.1f} us"]
+    for name, (count, total) in rows:
+        lines.append(f"  {count / calls:6.1f} x {total / count:8.2f} us = {total / calls:9.1f} us  {name[:110]}")
+    return lines
+
+
+def host_and_device_ms(fn, calls: int = 10) -> tuple[float, float]:
+    fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    host = time.perf_counter()
+    start.record()
+    for _ in range(calls):
+        fn()
+    end.record()
+    host = (time.perf_counter() - host) * 1e3 / calls  # launch time: the host returns before the GPU ends
+    torch.cuda.synchronize()
+    return host, start.elapsed_time(end) / calls
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--sizes", nargs="+", default=list(SIZES), choices=list(SIZES))
+    parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
+    parser.add_argument("--calls", type=int, default=5)
+    parser.add_argument("--top", type=int, default=6)
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        print("profile_gpu.py: no CUDA device: nothing to profile")
+        return 0
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, cuDNN {torch.backends.cudnn.version()}, "
+          f"TF32: cuBLAS {torch.backends.cuda.matmul.allow_tf32}, cuDNN {torch.backends.cudnn.allow_tf32}")
+    for size_name in args.sizes:
+        T, B, I, S = SIZES[size_name]
+        for dtype in (getattr(torch, d) for d in args.dtypes):
+            x, w, b, h0, c0 = make_sequence_inputs(T, B, I, S, dtype=dtype, device="cuda", requires_grad=False)
+            x.requires_grad_(), w.requires_grad_(), b.requires_grad_()
+            lstm = torch.nn.LSTM(I, S, device="cuda", dtype=dtype)
+            grad_out = torch.randn(T, B, S, device="cuda", dtype=dtype)
+            candidates = {
+                "lltm-cuda forward": lambda: lltm_core.lltm_sequence(x, w, b, h0, c0, backend="cuda"),
+                "lltm-cuda fwd+bwd": lambda: torch.autograd.backward(
+                    lltm_core.lltm_sequence(x, w, b, h0, c0, backend="cuda")[0], grad_out),
+                "nn.LSTM forward": lambda: lstm(x, (h0[None], c0[None])),
+                "nn.LSTM fwd+bwd": lambda: torch.autograd.backward(lstm(x, (h0[None], c0[None]))[0], grad_out),
+            }
+            for name, fn in candidates.items():
+                host, device = host_and_device_ms(fn)
+                print(f"\nT{T} B{B} I{I} S{S} {str(dtype)[6:]} {name}: host {host:.3f} ms to launch a call, "
+                      f"{device:.3f} ms device time per call (events)")
+                print("\n".join(kernel_table(fn, args.calls, args.top)), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
