@@ -6,9 +6,11 @@
 # built here against the machine's torch (with whatever CUDA_HOME the machine has: unset,
 # setup.py finds the toolkit itself, as for a user),
 # run the conformance kit (the cell and the sequence) on CUDA in all four dtypes, lltm-cuda's
-# own GPU tests, an AOTInductor package of its operators, and benchmarks/bench_gpu.py: the sequence against cuDNN's nn.LSTM (with the
-# CUDA-graph launch-cost measurement, and contract v3's inference: a torch.no_grad() forward
-# against nn.LSTM's and the peak GPU memory it adds, held to 1.25x input + output), then the cell.
+# own GPU tests, an AOTInductor package of its operators (a crash there rerun under cuda-gdb for
+# its native backtrace), and benchmarks/bench_gpu.py: the sequence against cuDNN's nn.LSTM (with
+# the CUDA-graph launch-cost measurement, and contract v3's inference: a torch.no_grad() forward
+# against nn.LSTM's and the peak GPU memory it adds), benchmarks/profile_gpu.py (which kernels
+# take the sequence's time), then the cell.
 # The kit and lltm-cuda's tests check v3 too (needs_backward=False, the inference memory bound).
 # What the emulated build (nox -s cuda_emulated) already checks on the CPU, this need not debug:
 # it is here for what only the device shows (cuBLAS, streams, real concurrency, alignment traps).
@@ -142,11 +144,22 @@ print(\"lltm-cuda built with torch\", b.TORCH_VERSION, \"for torch\", \".\".join
         --lltm-seed "$LLTM_SEED" || true
     # lltm-cuda's operators exported (dynamic batch and time) and compiled by AOTInductor into a
     # package that calls them, run at other sizes against lltm-ref.
-    LLTM_CUDA_TEST_AOTI=1 step aoti 120 "$PYTHON" -m pytest -p no:cacheprovider -q -rs \
-        backends/lltm_cuda/tests/test_export.py -k aoti --lltm-seed "$LLTM_SEED" || true
+    if ! LLTM_CUDA_TEST_AOTI=1 step aoti 120 "$PYTHON" -m pytest -p no:cacheprovider -q -rs \
+            backends/lltm_cuda/tests/test_export.py -k aoti --lltm-seed "$LLTM_SEED" \
+            && [[ ${RESULTS[-1]} == *"exit 139"* ]]; then
+        # A crash in C++ leaves Python's traceback only: the native one, from cuda-gdb (the CUDA
+        # image's debugger, which also debugs host code; the image has no gdb).
+        local gdb
+        gdb=$(command -v cuda-gdb || echo "${CUDA_HOME:-/usr/local/cuda}/bin/cuda-gdb")
+        [[ -x $gdb ]] && LLTM_CUDA_TEST_AOTI=1 step aoti-backtrace 90 "$gdb" -batch -ex run -ex bt \
+            --args "$PYTHON" -m pytest -p no:cacheprovider -q backends/lltm_cuda/tests/test_export.py \
+            -k "aoti and float32" --lltm-seed "$LLTM_SEED" || true
+    fi
     # The sequence first: it is bounded (about a minute); the cell's torch.compile is what may overrun.
     step benchmark-sequence 120 "$PYTHON" benchmarks/bench_gpu.py --part sequence \
         --markdown "$STEP_LOGS/bench_sequence.md" || true
+    # Which kernels take the sequence's time, and whether the host keeps the GPU waiting.
+    step profile 60 "$PYTHON" benchmarks/profile_gpu.py --top 5 || true
     step benchmark-cell 150 "$PYTHON" benchmarks/bench_gpu.py --part cell --markdown "$STEP_LOGS/bench_cell.md" || true
     triton_checks
 }
@@ -217,6 +230,14 @@ report() {
             fi
             echo
             cat "$STEP_LOGS/bench_$part.md"
+        fi
+    done
+    local log
+    for log in profile aoti-backtrace; do
+        if [[ -f $STEP_LOGS/$log.log ]]; then
+            printf '\n## %s\n\n```\n' "$log"
+            tail -n 80 "$STEP_LOGS/$log.log"
+            printf '```\n'
         fi
     done
 }

@@ -4,7 +4,8 @@ bench_gpu.py says how long a call takes; this says which kernels take it.  For e
 it profiles a few forward (and forward+backward) calls of ``lltm_core.lltm_sequence`` on lltm-cuda
 and of ``torch.nn.LSTM``, and prints per kernel: launches per call, mean and total device time per
 call; then the host time per call beside the device time, which tells a host-bound loop (the GPU
-waiting for launches) from a slow kernel.  Run from the repository root on a CUDA machine::
+waiting for launches) from a slow kernel, and the SM clock just after (a GPU that waits between
+short kernels may not boost).  Run from the repository root on a CUDA machine::
 
     python benchmarks/profile_gpu.py [--sizes small large] [--dtypes float32 bfloat16] [--top 6]
 """
@@ -12,6 +13,7 @@ waiting for launches) from a slow kernel.  Run from the repository root on a CUD
 from __future__ import annotations
 
 import argparse
+import subprocess
 import sys
 import time
 
@@ -45,6 +47,16 @@ def kernel_table(fn, calls: int, top: int) -> list[str]:
     for name, (count, total) in rows:
         lines.append(f"  {count / calls:6.1f} x {total / count:8.2f} us = {total / calls:9.1f} us  {name[:110]}")
     return lines
+
+
+def sm_clock() -> str:
+    """The SM clock now, against its maximum (nvidia-smi): a GPU kept waiting by the host may not boost."""
+    try:
+        done = subprocess.run(["nvidia-smi", "--query-gpu=clocks.sm,clocks.max.sm", "--format=csv,noheader"],
+                              capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return "SM clock: nvidia-smi not available"
+    return "SM clock now, max: " + done.stdout.strip() if done.returncode == 0 else "SM clock: not read"
 
 
 def host_and_device_ms(fn, calls: int = 10) -> tuple[float, float]:
@@ -92,6 +104,7 @@ def main() -> int:
                 print(f"\nT{T} B{B} I{I} S{S} {str(dtype)[6:]} {name}: host {host:.3f} ms to launch a call, "
                       f"{device:.3f} ms device time per call (events)")
                 print("\n".join(kernel_table(fn, args.calls, args.top)), flush=True)
+                print(f"  {sm_clock()}", flush=True)
     return 0
 
 
