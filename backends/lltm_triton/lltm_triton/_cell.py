@@ -21,6 +21,7 @@ import triton.language as tl
 
 from . import _pointwise as pw
 from ._config import accumulator, block, dot_dtype, dot_precision
+from ._fit import first_that_fits, halvings
 
 
 @triton.jit
@@ -172,11 +173,18 @@ def forward(input, weights, bias, old_h, old_cell):
     gates = input.new_empty(B, 3 * S)
     if B == 0:
         return new_h, new_c, X, gates, tanh_c
-    BLOCK_B, BLOCK_S, BLOCK_K = block(B, 32), block(S, 64), block(S + I, 32)
-    grid = (triton.cdiv(B, BLOCK_B), triton.cdiv(S, BLOCK_S))
-    _forward_kernel[grid](input, old_h, old_cell, weights, bias, new_h, new_c, X, gates, tanh_c,
-           B, I, S, ACC=accumulator(input.dtype), DOT=dot_dtype(input.dtype), PRECISION=dot_precision(input.dtype),
-           BLOCK_B=BLOCK_B, BLOCK_S=BLOCK_S, BLOCK_K=BLOCK_K)
+
+    def launch(kernel, tiles):
+        grid = (triton.cdiv(B, tiles["BLOCK_B"]), triton.cdiv(S, tiles["BLOCK_S"]))
+        kernel[grid](input, old_h, old_cell, weights, bias, new_h, new_c, X, gates, tanh_c, B, I, S,
+                     ACC=accumulator(input.dtype), DOT=dot_dtype(input.dtype), PRECISION=dot_precision(input.dtype),
+                     **tiles)
+
+    # Smaller tiles only where the GPU's shared memory refuses these (_fit.py).
+    configs = [(_forward_kernel, dict(BLOCK_B=block(B, caps["B"]), BLOCK_S=block(S, caps["S"]),
+                                      BLOCK_K=block(S + I, caps["K"])))
+               for caps in halvings(dict(B=32, S=64, K=32))]
+    first_that_fits(configs, launch, input.device, input.dtype, S)
     return new_h, new_c, X, gates, tanh_c
 
 
@@ -189,12 +197,17 @@ def backward(grad_h, grad_cell, weights, X, gates, tanh_cell, needs_grad_X):
     grad_b = weights.new_empty(3 * S)
     grad_old_c = torch.empty_like(tanh_cell)
     grad_X = X.new_empty(B, S + I) if needs_grad_X else weights.new_empty(0)
-    BLOCK_B, BLOCK_S, BLOCK_N = block(B, 32), block(S, 32), block(S + I, 64)
-    n_blocks = triton.cdiv(S + I, BLOCK_N)
-    weight_programs = triton.cdiv(S, BLOCK_S) * n_blocks
-    x_programs = triton.cdiv(B, BLOCK_B) * n_blocks if needs_grad_X else 0
-    _backward_kernel[(weight_programs + x_programs,)](grad_h, grad_cell, weights, X, gates, tanh_cell,
-           grad_X, grad_w, grad_b, grad_old_c, B, I, S, weight_programs,
-           ACC=accumulator(X.dtype), DOT=dot_dtype(X.dtype), PRECISION=dot_precision(X.dtype),
-           BLOCK_B=BLOCK_B, BLOCK_S=BLOCK_S, BLOCK_N=BLOCK_N)
+
+    def launch(kernel, tiles):
+        n_blocks = triton.cdiv(S + I, tiles["BLOCK_N"])
+        weight_programs = triton.cdiv(S, tiles["BLOCK_S"]) * n_blocks
+        x_programs = triton.cdiv(B, tiles["BLOCK_B"]) * n_blocks if needs_grad_X else 0
+        kernel[(weight_programs + x_programs,)](grad_h, grad_cell, weights, X, gates, tanh_cell,
+               grad_X, grad_w, grad_b, grad_old_c, B, I, S, weight_programs,
+               ACC=accumulator(X.dtype), DOT=dot_dtype(X.dtype), PRECISION=dot_precision(X.dtype), **tiles)
+
+    configs = [(_backward_kernel, dict(BLOCK_B=block(B, caps["B"]), BLOCK_S=block(S, caps["S"]),
+                                       BLOCK_N=block(S + I, caps["N"])))
+               for caps in halvings(dict(B=32, S=32, N=64))]
+    first_that_fits(configs, launch, X.device, X.dtype, S)
     return grad_X, grad_w, grad_b, grad_old_c

@@ -1,25 +1,32 @@
 """can_run and should_run: which calls the Triton kernels can compute, and where they are expected to win.
 
 Cheap and deterministic, as lltm-core asks (it memoizes the answers): arithmetic on the Call only,
-no triton import, no device query.  The limits are defaults from the arithmetic below, not yet
-measured on a GPU (benchmarks/gpu_check.sh measures them on an H200).
+no triton import, no device query.  The on-chip limit below was measured on an H200; the others
+are defaults from the arithmetic, not yet timed (benchmarks/bench_triton.py is there for that).
 
 The persistent sequence kernel wins by not launching two kernels a step (lltm-cuda's design:
 cuBLAS h W_h^T, then a pointwise kernel) and by keeping W_h on chip.  One SM of an H100 or H200
-has 228 KB of shared memory (227 KB usable by one block) and a 256 KB register file (64 K 32-bit
-registers, at most 255 a thread).  The resident kernels hold W_h as three (S_PAD, S_PAD) tiles,
-S_PAD = S rounded up to a power of two (at least 16), i.e. 3 · S_PAD² · element-size bytes:
+has 228 KB of shared memory (227 KB, 232448 bytes, usable by one block: the limit Triton reports)
+and a 256 KB register file (64 K 32-bit registers, at most 255 a thread).  The resident kernels
+hold W_h as three (S_PAD, S_PAD) tiles, S_PAD = S rounded up to a power of two (at least 16),
+i.e. 3 · S_PAD² · element-size bytes:
 
     S_PAD   bfloat16/float16   float32    float64
       64          24 KB          48 KB      96 KB
      128          96 KB         192 KB     384 KB
      256         384 KB         768 KB    1536 KB
 
-The kernels keep W_h resident up to RESIDENT_BYTES = 192 KB (_sequence.py): that leaves at least
-36 KB of the shared memory, or 64 KB of the registers, for h, c, three (16, S_PAD) accumulators and
-the layout conversions between steps.  So S <= 128 in 16-bit and float32, S <= 64 in float64.
+Measured on an NVIDIA H200 (torch 2.11.0+cu130, triton 3.6.0, 2026-12-04; benchmarks/results/
+triton_shared_memory.md): in float32 at S_PAD = 128 (192 KB of W_h) the resident forward ran but
+the backward needed 311296 bytes of shared memory, over the 232448 a block may have.  So W_h stays
+resident up to RESIDENT_BYTES = 96 KB: S <= 128 in 16-bit, S <= 64 in float32 and float64.  At those
+limits the backward took 155648 bytes (bfloat16), 102400 (float32) and 212992 (float64, the
+closest; its forward spilled 6 registers), as tests/test_gpu.py's compile-at-the-limit test prints.
 Past that the streaming kernels still compute the call (each program reads W_h from L2 every step)
-but should_run declines: lltm-cuda's per-step cuBLAS GEMM is then expected to be faster.
+but should_run declines: lltm-cuda's per-step cuBLAS GEMM is then expected to be faster.  On a GPU
+with less shared memory a block (an A100 163 KB, consumer cards 99 KB) a variant that does not fit
+falls back at launch to the next smaller one (_fit.py, with a warning); should_run, which queries no
+device, still answers for an H100/H200.
 
 Each program owns 16 batch rows (BLOCK_B, tl.dot's smallest M) and, W_h filling its SM's memory,
 one SM: up to SMS = 132 programs (an H100/H200 SXM) run at once.  More rows than 16 · 132 = 2112
@@ -37,7 +44,9 @@ from __future__ import annotations
 
 import torch
 
-RESIDENT_BYTES = 192 * 1024
+RESIDENT_BYTES = 96 * 1024
+#: Shared memory one block may use on an H100/H200: 232448 bytes, as Triton reported on an H200.
+SHARED_BYTES = 227 * 1024
 SMS = 132
 BLOCK_B = 16
 CELL_MACS = 1 << 26
@@ -98,9 +107,10 @@ def should_run(call) -> bool | str:
     dtype_name = str(call.dtype).removeprefix("torch.")
     if not resident(S, call.dtype):
         return (f"W_h at S={S} in {dtype_name} is {w_h_bytes(S, call.dtype) // 1024} KB as 3 tiles of "
-                f"{state_pad(S)}x{state_pad(S)}, over the {RESIDENT_BYTES // 1024} KB kept on chip (one H100/H200 SM: "
-                f"228 KB shared memory, 256 KB registers): streamed from L2 every step, the persistent kernel "
-                f"is not expected to beat lltm-cuda's per-step cuBLAS GEMM")
+                f"{state_pad(S)}x{state_pad(S)}, over the {RESIDENT_BYTES // 1024} KB kept on chip (on an H200 the "
+                f"resident backward with 192 KB of W_h needed more than the {SHARED_BYTES // 1024} KB of shared "
+                f"memory a block may have): streamed from L2 every step, the persistent kernel is not expected to "
+                f"beat lltm-cuda's per-step cuBLAS GEMM")
     programs = -(-B // BLOCK_B)
     if programs > SMS:
         return (f"B={B} needs {programs} programs of {BLOCK_B} rows, each holding W_h on one SM: more than the "

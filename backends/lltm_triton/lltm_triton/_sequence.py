@@ -17,8 +17,10 @@ Two variants of each kernel, the same math:
   step, the state is tiled too, and h (or d_h) goes through a small float32 workspace between steps,
   double-buffered, with a barrier after each step: other threads of the program read what one wrote.
 
-``_policy.resident(S, dtype)`` chooses (W_h up to 192 KB; the arithmetic is there), and should_run
-declines the shapes where streaming is not expected to beat lltm-cuda.  Saved for the backward, as
+``_policy.resident(S, dtype)`` chooses (W_h up to 96 KB; the arithmetic and the H200's measurements
+are there), and should_run declines the shapes where streaming is not expected to beat lltm-cuda.
+Should a variant not fit the GPU's shared memory after all, the next smaller one runs (``_fit.py``):
+resident, then streaming, then streaming at smaller tiles.  Saved for the backward, as
 lltm-ref does (``_layout.py``): the activated gates (T, B, 3S), written over the projection buffer,
 which is this call's own, and tanh(c_t) (T, B, S).
 """
@@ -33,6 +35,7 @@ from lltm_ref import sequence_gemm_gradients  # lltm-ref comes with lltm-core
 
 from . import _pointwise as pw
 from ._config import accumulator, block, dot_dtype, dot_precision
+from ._fit import first_that_fits, halvings
 from ._policy import BLOCK_B, resident, state_pad, w_h_bytes
 
 # --- forward ------------------------------------------------------------------
@@ -309,16 +312,50 @@ def _backward_streaming(grad_out_ptr, grad_h_n_ptr, grad_c_n_ptr, w_ptr, gates_p
 
 # --- wrappers -----------------------------------------------------------------
 
-def _meta(dtype: torch.dtype, S: int) -> dict:
-    meta = dict(ACC=accumulator(dtype), DOT=dot_dtype(dtype), PRECISION=dot_precision(dtype), BLOCK_B=BLOCK_B)
+FORWARD = (_forward_resident, _forward_streaming)
+BACKWARD = (_backward_resident, _backward_streaming)
+
+#: Streaming tiles' edge (BLOCK_S = BLOCK_K) by element size.  float64 at 64 needed 245760 bytes of shared
+#: memory in the backward on an H200, over the 232448 a block may have: 2 · 3 · (16·64 + 64·64) · 8, two
+#: pipeline stages of pass 2's three d_gates and three W_h tiles, it seems.  At 32 that arithmetic gives
+#: 73728, and float64 at 32 passed there; float32 and 16-bit at 64 (122880 and 61440) passed too.
+STREAM_TILE = {8: 32, 4: 64, 2: 64}
+
+
+def _common(dtype: torch.dtype) -> dict:
+    return dict(ACC=accumulator(dtype), DOT=dot_dtype(dtype), PRECISION=dot_precision(dtype), BLOCK_B=BLOCK_B)
+
+
+def _tiles(dtype: torch.dtype, S: int) -> list[dict]:
+    """The variants to try, largest first (_fit.py): W_h resident where _policy says it fits, then
+    streaming at STREAM_TILE and at each smaller power of two down to 16."""
+    ladder = []
     if resident(S, dtype):
-        # Enough warps that W_h takes at most 64 registers (256 bytes) a thread: 4 for 24 KB, 16 for 96 KB
-        # or more (S128).  A default from that arithmetic, not yet tuned on a GPU.
+        # Enough warps that W_h takes at most 64 registers (256 bytes) a thread: 4 for 24 KB, 16 for
+        # 96 KB (16-bit S128, float64 S64).  A default from that arithmetic, not yet tuned on a GPU.
         warps = min(16, max(4, triton.next_power_of_2(-(-w_h_bytes(S, dtype) // (32 * 256)))))
-        meta.update(S_PAD=state_pad(S), num_warps=warps)
-    else:
-        meta.update(BLOCK_S=block(S, 64), BLOCK_K=block(S, 64), num_warps=4)
-    return meta
+        ladder.append(dict(S_PAD=state_pad(S), num_warps=warps))
+    for caps in halvings(dict(BLOCK_S=STREAM_TILE[dtype.itemsize], BLOCK_K=STREAM_TILE[dtype.itemsize])):
+        ladder.append(dict(BLOCK_S=block(S, caps["BLOCK_S"]), BLOCK_K=block(S, caps["BLOCK_K"]), num_warps=4))
+    return ladder
+
+
+def _launch(kernels: tuple, like: torch.Tensor, S: int, workspace: list, launch):
+    """launch(kernel, work, meta) with the largest variant of kernels (resident, streaming) that fits the
+    GPU (_fit.py).  work: () for a resident kernel; for a streaming one, workspace, filled at its first use."""
+    B = like.shape[1]
+
+    def run(kernel, tiles):
+        meta = {**_common(like.dtype), **tiles}
+        if "S_PAD" in tiles:
+            return launch(kernel, (), meta)
+        if not workspace:
+            workspace.extend(_workspace(B, S, like))
+        return launch(kernel, tuple(workspace), meta)
+
+    resident_kernel, streaming_kernel = kernels
+    configs = [(resident_kernel if "S_PAD" in tiles else streaming_kernel, tiles) for tiles in _tiles(like.dtype, S)]
+    return first_that_fits(configs, run, like.device, like.dtype, S)
 
 
 def _state_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -356,10 +393,6 @@ def sequence_forward(input, weights, bias, h0, c0, lengths, reverse, needs_backw
     if B == 0:
         saved = (input.new_empty(T, 0, 3 * S), input.new_empty(T, 0, S)) if needs_backward else _no_saved(input)
         return output, h_n, c_n, *saved
-    meta = _meta(input.dtype, S)
-    streaming = "S_PAD" not in meta
-    kernel = _forward_streaming if streaming else _forward_resident
-    work = _workspace(B, S, input) if streaming else ()
     grid = (triton.cdiv(B, BLOCK_B),)
     has_lengths = lengths is not None
     # Pointers a kernel never touches still need a real allocation (an empty tensor's may be null).
@@ -368,9 +401,13 @@ def sequence_forward(input, weights, bias, h0, c0, lengths, reverse, needs_backw
     if needs_backward:
         gates = torch.addmm(bias, x2d, w_x.t()).view(T, B, 3 * S)
         tanh_c = input.new_empty(T, B, S)
-        kernel[grid](gates, weights, h0, c0, lengths_arg, output, h_n, c_n, tanh_c, *work,
-                     T - 1 if reverse else 0, T, -1 if reverse else 1, 0, B, I, S,
-                     HAS_LENGTHS=has_lengths, SAVE=True, **meta)
+
+        def launch(kernel, work, meta):
+            kernel[grid](gates, weights, h0, c0, lengths_arg, output, h_n, c_n, tanh_c, *work,
+                         T - 1 if reverse else 0, T, -1 if reverse else 1, 0, B, I, S,
+                         HAS_LENGTHS=has_lengths, SAVE=True, **meta)
+
+        _launch(FORWARD, input, S, [], launch)
         return output, h_n, c_n, gates, tanh_c
     # No backward: nothing saved, and the projection runs in chunks of steps through one reused
     # buffer, so the workspace is bounded whatever T is.  Between chunks the state waits in float32
@@ -382,15 +419,20 @@ def sequence_forward(input, weights, bias, h0, c0, lengths, reverse, needs_backw
     starts = list(range(0, T, chunk))
     state = (h0, c0)
     between = [torch.empty(B, S, device=input.device, dtype=_state_dtype(input.dtype)) for _ in range(2)]
+    workspace = []
     for index, start in enumerate(reversed(starts) if reverse else starts):
         stop = min(T, start + chunk)
         n = stop - start
         gates = buffer[:n]
         torch.addmm(bias, x2d[start * B: stop * B], w_x.t(), out=gates.view(n * B, 3 * S))
         end = (h_n, c_n) if index == len(starts) - 1 else between
-        kernel[grid](gates, weights, *state, lengths_arg, output, *end, output, *work,  # tanh_c: not written
-                     stop - 1 if reverse else start, n, -1 if reverse else 1, start, B, I, S,
-                     HAS_LENGTHS=has_lengths, SAVE=False, **meta)
+
+        def launch(kernel, work, meta):
+            kernel[grid](gates, weights, *state, lengths_arg, output, *end, output, *work,  # tanh_c: not written
+                         stop - 1 if reverse else start, n, -1 if reverse else 1, start, B, I, S,
+                         HAS_LENGTHS=has_lengths, SAVE=False, **meta)
+
+        _launch(FORWARD, input, S, workspace, launch)
         state = end
     return output, h_n, c_n, *_no_saved(input)
 
@@ -403,16 +445,15 @@ def sequence_backward(grad_output, grad_h_n, grad_c_n, weights, input, h0, outpu
     d_gates = input.new_empty(T, B, 3 * S)
     grad_h0, grad_c0 = torch.empty_like(h0), torch.empty_like(h0)
     if B > 0:
-        meta = _meta(input.dtype, S)
-        streaming = "S_PAD" not in meta
-        work = _workspace(B, S, input) if streaming else ()
-        kernel = _backward_streaming if streaming else _backward_resident
         has_lengths = lengths is not None
-        # Undo the steps in the opposite order to the forward's.
-        kernel[(triton.cdiv(B, BLOCK_B),)](
-            grad_output, grad_h_n, grad_c_n, weights, gates, tanh_cell, lengths if has_lengths else h0,
-            d_gates, grad_h0, grad_c0, *work, 0 if reverse else T - 1, T, 1 if reverse else -1, B, I, S,
-            HAS_LENGTHS=has_lengths, **meta)
+
+        def launch(kernel, work, meta):  # the steps in the opposite order to the forward's
+            kernel[(triton.cdiv(B, BLOCK_B),)](
+                grad_output, grad_h_n, grad_c_n, weights, gates, tanh_cell, lengths if has_lengths else h0,
+                d_gates, grad_h0, grad_c0, *work, 0 if reverse else T - 1, T, 1 if reverse else -1, B, I, S,
+                HAS_LENGTHS=has_lengths, **meta)
+
+        _launch(BACKWARD, input, S, [], launch)
     # Then the weight, input and bias gradients over all T*B rows at once, as lltm-ref ends its backward.
     return (*sequence_gemm_gradients(d_gates, weights, input, h0, output, lengths, reverse, needs_grad_input),
             grad_h0, grad_c0)
