@@ -174,5 +174,6 @@ def test_explain_on_the_benchmark_shapes():
     if not lltm_triton.interpreting():
         pytest.skip("on a GPU the benchmark script shows the choice between triton and cuda")
     trace = {e.name: e for e in lltm_core.explain(Call("sequence", "cpu", torch.float32, 16, 32, 128, 64, True))}
-    assert trace["ref"].verdict == "chosen", trace
+    # Another backend takes it (lltm-ref, or lltm-cpu where that is installed too), never triton.
+    assert [e.name for e in trace.values() if e.verdict == "chosen"] in (["ref"], ["cpu"]), trace
     assert trace["triton"].verdict in ("declined", "lower priority", "not asked"), trace
