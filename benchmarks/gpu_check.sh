@@ -151,7 +151,7 @@ print(\"lltm-cuda built with torch\", b.TORCH_VERSION, \"for torch\", \".\".join
         # image's debugger, which also debugs host code; the image has no gdb).
         local gdb
         gdb=$(command -v cuda-gdb || echo "${CUDA_HOME:-/usr/local/cuda}/bin/cuda-gdb")
-        [[ -x $gdb ]] && LLTM_CUDA_TEST_AOTI=1 step aoti-backtrace 90 "$gdb" -batch -ex run -ex bt \
+        [[ -x $gdb ]] && LLTM_CUDA_TEST_AOTI=1 step aoti-backtrace 120 "$gdb" -batch -ex run -ex bt \
             --args "$PYTHON" -m pytest -p no:cacheprovider -q backends/lltm_cuda/tests/test_export.py \
             -k "aoti and float32" --lltm-seed "$LLTM_SEED" || true
     fi
