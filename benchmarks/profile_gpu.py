@@ -41,6 +41,8 @@ def kernel_table(fn, calls: int, top: int) -> list[str]:
         if event.device_type == torch.autograd.DeviceType.CUDA:
             count, total = kernels.get(event.name, (0, 0.0))
             kernels[event.name] = (count + 1, total + event.device_time)
+    if not kernels:  # a torch whose events name no kernels: the averages' own device time instead
+        kernels = {e.key: (e.count, e.self_device_time_total) for e in prof.key_averages() if e.self_device_time_total}
     device_us = sum(total for _, total in kernels.values()) / calls
     rows = sorted(kernels.items(), key=lambda item: -item[1][1])[:top]
     lines = [f"  device time per call, all kernels: {device_us:.1f} us"]
