@@ -23,9 +23,16 @@
 #include <torch/csrc/stable/accelerator.h>
 #include <torch/csrc/stable/tensor.h>
 #include <torch/headeronly/util/Exception.h>
+#include <torch/headeronly/util/shim_utils.h>
 
 #include <cstdint>
 #include <utility>
+
+// torch 2.13's stable headers added STABLE_TORCH_ERROR_CODE_CHECK (which, at a 2.10 target, is
+// TORCH_ERROR_CODE_CHECK); 2.10 to 2.12 have only the latter, so the sources build on those too.
+#ifndef STABLE_TORCH_ERROR_CODE_CHECK
+#define STABLE_TORCH_ERROR_CODE_CHECK(call) TORCH_ERROR_CODE_CHECK(call)
+#endif
 
 #ifndef LLTM_CUDA_EMULATE
 
