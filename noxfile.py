@@ -11,8 +11,8 @@ torch is pinned, because an unpinned `pip install torch` pulls a multi-GB CUDA
 build.
 
 With LLTM_NOX_DISCARD_VENVS=1 (what `python3 dev.py test` sets) each session deletes its venv
-when it ends, pass or fail: the five venvs together take about 9 GB, the largest (cuda) 5.5 GB,
-and a CI machine's disk may not hold them all at once.
+when it ends, pass or fail: the venvs together take about 16 GB, the largest (oldest_torch, torch
+2.10.0 with its CUDA 12 libraries) 7 GB, and a CI machine's disk may not hold them all at once.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ import nox
 ROOT = Path(__file__).parent
 TORCH_CPU = "torch==2.13.0"  # the CPU build: tests run against it
 TORCH_CUDA = "torch==2.14.1"  # the CUDA 13.0 build: only to compile lltm-cuda here
+TORCH_OLDEST = "torch==2.10.0"  # the oldest torch the libraries target (TORCH_TARGET_VERSION): see oldest_torch
 TORCH_DEVICE = "torch==2.11.0"  # the GPU check's preinstalled torch (2.11.0+cu130): see the device_torch session
 TRITON = "triton==3.9.0"  # lltm-triton's kernels, run here by its numpy interpreter (with torch 2.13.0's CPU build)
 ZIGLANG = "ziglang==0.17.1"  # zig's clang, a cross compiler from PyPI: lltm-cpu built for Arm (cpu_aarch64)
@@ -45,7 +46,8 @@ nox.options.error_on_missing_interpreters = True
 # a session is one core's work (pip, a compiler, pytest).  On 2-core Intel Xeons (2026-12): one
 # session after another, 50 minutes (Sapphire Rapids class); in these lanes, 27 and 28 minutes,
 # 28 in all (Ice Lake class).  Builds of one distribution stay in one lane.
-LANES = (["cpu", "cross_torch", "wheels"], ["core", "ref", "cpu_aarch64", "cuda", "cuda_emulated", "triton"])
+LANES = (["cpu", "cross_torch", "wheels"],
+         ["core", "ref", "cpu_aarch64", "cuda", "cuda_emulated", "triton", "oldest_torch"])
 nox.options.sessions = [name for lane in LANES for name in lane]
 
 
@@ -175,6 +177,30 @@ def cross_torch(session):
             session.run(python, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(ROOT / "tests/test_deploy.py"),
                         *session.posargs, external=True,
                         env={"TORCHINDUCTOR_CACHE_DIR": str(Path(tmp) / "torchinductor"), "LLTM_REQUIRE_DEPLOY": "1"})
+
+
+@_session
+def oldest_torch(session):
+    """Both compiled backends built from source on the oldest torch they promise, 2.10, as a user with
+    that torch builds them, then run there: lltm-cpu by the kit, lltm-cuda's sources by its emulated
+    build (the same stable headers; the real build would need that torch's CUDA 12 toolkit).
+
+    A stable header a newer torch added (torch 2.13's STABLE_TORCH_ERROR_CODE_CHECK, once) compiles
+    against the newer torch the other sessions use and fails only here.  torch 2.10.0 is a CUDA 12
+    build, about 3 GB with its libraries; nothing here uses a GPU.
+    """
+    _setup(session, TORCH_OLDEST, ".", "./backends/lltm_ref")
+    with _source_tree_build_info_untouched(session):
+        session.install("--no-build-isolation", "--no-deps", "./backends/lltm_cpu")
+        session.install("--no-build-isolation", "--no-deps", "./backends/lltm_cuda",
+                        env={"LLTM_CUDA_EMULATE": "1", "MAX_JOBS": os.environ.get("MAX_JOBS", "2")})
+    session.run("python", "-m", "pip", "check")
+    session.run("python", "-c", "import torch; v = torch.__version__.split('+')[0]; "
+                f"assert v == {TORCH_OLDEST.split('==')[1]!r}, v; print('torch', torch.__version__)")
+    session.run("lltm", "info")
+    _pytest(session, "-q", "--pyargs", "lltm_core.testing", "--lltm-backend", "cpu")
+    session.env.update({**CUDA_EMULATION, "LLTM_CUDA_TEST_EMULATED": "1"})
+    _pytest(session, "-q", "--pyargs", "lltm_core.testing", "--lltm-backend", "cuda_emulated")
 
 
 # The lltm-cpu wheel's metadata asks for torch >= 2.10 and pins no torch.
