@@ -29,8 +29,11 @@ DTYPES = [torch.float32, torch.float64, torch.bfloat16]
 # (T, B, I, S): length-1 sequences, one row, odd sizes that leave partial
 # vectors at every ISA's width, a batch that splits unevenly over threads, a
 # state past 1024, one row with GEMMs large enough to run on MKL's threads, and
-# blocks of 16 rows by K 64 / 192, which the AMX kernel reads in place (no padding).
-SHAPES = [(1, 1, 1, 1), (4, 3, 5, 7), (5, 33, 6, 129), (2, 2, 3, 1100), (2, 1, 3, 1200), (3, 32, 5, 64)]
+# blocks of 16 rows by K 64 / 192, which the AMX kernel reads in place (no padding),
+# and weight gradients over T x B = 279 rows: the float32 kernel's transposed A
+# in two slices of K, the second partial, over two panels of rows.
+SHAPES = [(1, 1, 1, 1), (4, 3, 5, 7), (5, 33, 6, 129), (2, 2, 3, 1100), (2, 1, 3, 1200), (3, 32, 5, 64),
+          (9, 31, 6, 35)]
 
 
 @pytest.fixture(autouse=True, scope="module")

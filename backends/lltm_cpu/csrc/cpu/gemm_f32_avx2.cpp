@@ -14,7 +14,12 @@
 // B (kBlocks blocks) stays in the L1 cache while the row tiles of a panel of A
 // (kPanelRows rows, kept in L2) pass over it;
 // a micro-tile is kRows rows by kBlocks blocks, 12 accumulators of the 16
-// vector registers.
+// vector registers.  A transposed A (the weight gradients: A stored k x m, a
+// row of it thousands of bytes long) is first copied into a panel of its own,
+// each row tile's kRows values of a row of B next to each other: read in place,
+// a tile's every step touched a new cache line, all of them a multiple of the
+// row length apart and so in a few of the L1 cache's sets
+// (benchmarks/results/cpu_sequence.md).
 #if !defined(__AVX2__) || !defined(__FMA__)
 #error "gemm_f32_avx2.cpp must be compiled with -mavx2 -mfma"
 #endif
@@ -129,24 +134,60 @@ void pack_any(bool trans_b, int64_t n, int64_t k, const B* b, int64_t ldb, float
   }
 }
 
+// Rows [0, rows) and k-slice rows [0, depth) of A stored k x m (a points at
+// the first), into `panel`: row tile t's values of slice row p at
+// panel[(t * depth + p) * kRows], so that a tile reads them as an A stored
+// k x kRows.  A last tile's missing rows are never read, and stay unwritten.
+template <typename A>
+void pack_transposed_panel(int64_t rows, int64_t depth, const A* a, int64_t lda, float* panel) {
+  const int64_t whole = rows / kRows * kRows;
+  for (int64_t p = 0; p < depth; ++p) {
+    const A* source = a + p * lda;
+    float* out = panel + p * kRows;
+    for (int64_t row = 0; row < whole; row += kRows) {
+      if constexpr (sizeof(A) == sizeof(float)) {  // a tile's 4 floats at once
+        _mm_store_ps(out + row * depth, _mm_loadu_ps(reinterpret_cast<const float*>(source + row)));
+      } else {
+        for (int64_t r = 0; r < kRows; ++r) {
+          out[row * depth + r] = widened(source[row + r]);
+        }
+      }
+    }
+    for (int64_t row = whole; row < rows; ++row) {
+      out[whole * depth + row - whole] = widened(source[row]);
+    }
+  }
+}
+
 template <bool TransA, typename A>
 void multiply_any(int64_t m, int64_t n, int64_t k, const A* a, int64_t lda, const float* packed, bool accumulate,
                   float* c, int64_t ldc) {
   const int64_t block_stride = k * kBlock;
   const int64_t blocks = (n + kBlock - 1) / kBlock;
+  // A transposed A's panel, copied (96 KiB of the calling thread's stack).
+  alignas(32) float a_panel[TransA ? kPanelRows * kDepth : 1];
   for (int64_t first = 0; first < k; first += kDepth) {
     const int64_t depth = smaller(kDepth, k - first);
     const bool add = accumulate || first > 0;  // later slices add to the earlier ones
     for (int64_t panel = 0; panel < m; panel += kPanelRows) {
       const int64_t panel_end = smaller(m, panel + kPanelRows);
+      if constexpr (TransA) {
+        pack_transposed_panel(panel_end - panel, depth, a + first * lda + panel, lda, a_panel);
+      }
       for (int64_t block = 0; block < blocks; block += kBlocks) {
         const int64_t tile_blocks = smaller(kBlocks, blocks - block);
         const int64_t last_cols = smaller(kBlock, n - (block + tile_blocks - 1) * kBlock);
         const float* slice = packed + block * block_stride + first * kBlock;
         for (int64_t row = panel; row < panel_end; row += kRows) {
-          const A* a_tile = TransA ? a + first * lda + row : a + row * lda + first;
-          tile_for<TransA, A>(smaller(kRows, panel_end - row), tile_blocks)(
-              depth, a_tile, lda, slice, block_stride, add, c + row * ldc + block * kBlock, ldc, last_cols);
+          const int64_t rows = smaller(kRows, panel_end - row);
+          float* c_tile = c + row * ldc + block * kBlock;
+          if constexpr (TransA) {
+            tile_for<true, float>(rows, tile_blocks)(depth, a_panel + (row - panel) * depth, kRows, slice,
+                                                     block_stride, add, c_tile, ldc, last_cols);
+          } else {
+            tile_for<false, A>(rows, tile_blocks)(depth, a + row * lda + first, lda, slice, block_stride, add,
+                                                  c_tile, ldc, last_cols);
+          }
         }
       }
     }
