@@ -267,7 +267,9 @@ def cuda_emulated(session):
     session.run("python", "-m", "pip", "check")
     seed = os.environ.get("LLTM_CUDA_EMULATE_SEED") or str(random.SystemRandom().randrange(2**31))
     session.log(f"emulated thread order: shuffled with seed {seed} (LLTM_CUDA_EMULATE_SEED={seed} repeats it)")
-    session.env.update({**CUDA_EMULATION, "LLTM_CUDA_EMULATE_SEED": seed, "LLTM_CUDA_TEST_EMULATED": "1"})
+    # LLTM_CUDA_TEST_AOTI: the AOTInductor packages of its operators too (half a minute here).
+    session.env.update({**CUDA_EMULATION, "LLTM_CUDA_EMULATE_SEED": seed, "LLTM_CUDA_TEST_EMULATED": "1",
+                        "LLTM_CUDA_TEST_AOTI": "1"})
     session.run("lltm", "info")
     _pytest(session, "--pyargs", "lltm_core.testing", "--lltm-backend", "cuda_emulated")
     _pytest(session, str(ROOT / "backends/lltm_cuda/tests"))

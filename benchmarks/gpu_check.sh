@@ -145,15 +145,24 @@ print(\"lltm-cuda built with torch\", b.TORCH_VERSION, \"for torch\", \".\".join
     # lltm-cuda's operators exported (dynamic batch and time) and compiled by AOTInductor into a
     # package that calls them, run at other sizes against lltm-ref.
     if ! LLTM_CUDA_TEST_AOTI=1 step aoti 120 "$PYTHON" -m pytest -p no:cacheprovider -q -rs \
-            backends/lltm_cuda/tests/test_export.py -k aoti --lltm-seed "$LLTM_SEED" \
+            backends/lltm_cuda/tests/test_export.py -k "aoti and not control" --lltm-seed "$LLTM_SEED" \
             && [[ ${RESULTS[-1]} == *"exit 139"* ]]; then
+        # A crash: first the controls, each in its own process (a crash ends the process), to tell
+        # whether any package loads here (torch operators alone) and whether lltm-cuda's loads
+        # without constants in the package (test_export.py's test_aoti_control).
+        local control
+        for control in torch-ops-only weights-as-inputs; do
+            LLTM_CUDA_TEST_AOTI=1 step "aoti-control-$control" 60 "$PYTHON" -m pytest -p no:cacheprovider -q \
+                backends/lltm_cuda/tests/test_export.py -k "aoti_control and $control" \
+                --lltm-seed "$LLTM_SEED" || true
+        done
         # A crash in C++ leaves Python's traceback only: the native one, from cuda-gdb (the CUDA
         # image's debugger, which also debugs host code; the image has no gdb).
         local gdb
         gdb=$(command -v cuda-gdb || echo "${CUDA_HOME:-/usr/local/cuda}/bin/cuda-gdb")
         [[ -x $gdb ]] && LLTM_CUDA_TEST_AOTI=1 step aoti-backtrace 120 "$gdb" -batch -ex run -ex bt \
             --args "$PYTHON" -m pytest -p no:cacheprovider -q backends/lltm_cuda/tests/test_export.py \
-            -k "aoti and float32" --lltm-seed "$LLTM_SEED" || true
+            -k "aoti_package and float32" --lltm-seed "$LLTM_SEED" || true
     fi
     # The sequence first: it is bounded (about a minute); the cell's torch.compile is what may overrun.
     step benchmark-sequence 120 "$PYTHON" benchmarks/bench_gpu.py --part sequence \
