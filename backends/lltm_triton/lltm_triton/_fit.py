@@ -31,26 +31,28 @@ def halvings(caps: dict[str, int]) -> list[dict[str, int]]:
     return ladder
 
 
+def _key(kernel, device, dtype, S: int, tiles: dict[str, int]) -> tuple:
+    return (kernel.__name__, str(device), dtype, S, tuple(sorted(tiles.items())))
+
+
 def first_that_fits(configs: list, launch: Callable, device, dtype, S: int):
     """launch(kernel, tiles) for the first (kernel, tiles) of configs, largest first, that the GPU can load.
 
     OutOfResources comes before the kernel runs, so nothing has been written when the next is tried.
+    Until a configuration has failed somewhere, no key is built: the common call launches the first.
+    A small S gives several caps the same tiles; the first to fail is in too_large for the others.
     """
-    seen = set()
+    key = None
     for kernel, tiles in configs:
-        key = (kernel.__name__, str(device), dtype, S, tuple(sorted(tiles.items())))
-        if key in seen:  # a small S gives several caps the same tiles
-            continue
-        seen.add(key)
+        key = _key(kernel, device, dtype, S, tiles) if too_large else None
         if key in too_large:
             continue
         try:
-            result = launch(kernel, tiles)
+            return launch(kernel, tiles)
         except OutOfResources as error:
+            key = key or _key(kernel, device, dtype, S, tiles)
             too_large[key] = str(error)
             warnings.warn(f"lltm-triton: {kernel.__name__} with {tiles} at S={S} in {dtype} does not fit this "
                           f"GPU ({error}); trying smaller tiles, slower than should_run assumed", stacklevel=3)
-            continue
-        return result
     raise RuntimeError(f"lltm-triton: {kernel.__name__} at S={S} in {dtype} does not fit this GPU even at its "
                        f"smallest tiles {tiles} ({too_large[key]}): use lltm-cuda instead (backend=\"cuda\")")
