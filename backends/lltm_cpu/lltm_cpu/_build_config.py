@@ -73,6 +73,11 @@ def compiler_error(flags: list[str], use: str) -> str | None:
     return f"{compiler} {' '.join(flags)} fails: {first_error.strip()[:200]}"
 
 
+# A GEMM kernel's inner loop is about 110 bytes: aligned to 64 it spans two of the front end's
+# 64-byte fetch windows, else often three, which cost the float32 kernel up to 7% of its rate on
+# one Xeon (benchmarks/results/cpu_sequence.md, 2026-12-05).  Where the compiler takes the flag.
+_LOOP_ALIGNMENT = ["-falign-loops=64"] if compiler_error(["-falign-loops=64"], "") is None else []
+
 ISA_SOURCES: dict[str, list[str]] = {}
 #: {route: why this build has no kernel for it}: recorded in _build_info.py for lltm_cpu and its tests.
 KERNELS_LEFT_OUT: dict[str, str] = {}
@@ -85,7 +90,7 @@ for _source, _flags, _route, _macro, _use, _needs in _ISA_CANDIDATES:
     else:
         _error = None if _route is None else compiler_error(_flags, _use)
     if _error is None:
-        ISA_SOURCES[_source] = _flags
+        ISA_SOURCES[_source] = _flags if _route is None else [*_flags, *_LOOP_ALIGNMENT]
         if _macro is not None:
             _KERNEL_MACROS.append(f"-D{_macro}")
     elif _route is not None:
