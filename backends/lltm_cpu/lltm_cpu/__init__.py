@@ -58,7 +58,8 @@ def sequence_saved_layout(steps: int, batch: int, input_features: int, state_siz
 @functools.cache
 def cpu_info() -> str:
     """This CPU as the kernels see it: vendor and model, and the instruction sets that choose
-    their code (AVX2, AVX-512, AVX512_BF16, AMX), e.g. "AuthenticAMD AMD EPYC: AVX2, AVX-512, AVX512_BF16, no AMX"."""
+    their code (AVX2, AVX-512, AVX512_BF16, AMX) and the L1 data cache that sizes the float32 kernel's
+    blocks, e.g. "AuthenticAMD AMD EPYC: AVX2, AVX-512, AVX512_BF16, no AMX, L1d 48K (ATen's kernels: AVX512)"."""
     vendor = model = ""
     flags: set[str] = set()
     try:
@@ -84,7 +85,20 @@ def cpu_info() -> str:
         isa.append("AMX-BF16" if "amx_bf16" in flags else "no AMX")
     else:
         isa = [capability]
+    l1 = _l1_data_cache()  # sizes the float32 kernel's slices of B (csrc/cpu/gemm_f32_avx2.cpp)
+    isa += [f"L1d {l1}"] if l1 else []
     return f"{vendor + ' ' if vendor else ''}{model}: {', '.join(isa)} (ATen's kernels: {capability})"
+
+
+def _l1_data_cache() -> str | None:
+    """The first CPU's L1 data cache size as Linux reports it ("48K"), or None."""
+    for index in sorted(Path("/sys/devices/system/cpu/cpu0/cache").glob("index*")):
+        try:
+            if (index / "level").read_text().strip() == "1" and (index / "type").read_text().strip() == "Data":
+                return (index / "size").read_text().strip()
+        except OSError:
+            return None
+    return None
 
 
 def library_path() -> str:
