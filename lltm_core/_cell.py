@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from . import _autograd, _registry, _trace
+from . import _autograd, _registry
 from ._checks import TorchSizeNames, check_lltm_args, layer_sizes
 from .backend import Backend
 
@@ -27,6 +27,8 @@ def lltm(input, weights, bias, old_h, old_cell, *, backend: str | Backend | None
         bias = bias.view(-1)
     tensors = (input.contiguous(), weights.contiguous(), bias.contiguous(), old_h.contiguous(), old_cell.contiguous())
     if _compiling():
+        from . import _trace  # on first trace only: see _trace's module docstring
+
         needs = torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
         out = _trace.forward("cell", tensors, (), backend, needs)
         return out[0], out[1]

@@ -21,7 +21,7 @@ import logging
 
 import torch
 
-from . import _autograd, _fake, _registry, _trace
+from . import _autograd, _fake, _registry
 from ._cell import lltm
 from ._checks import check_sequence_args
 from .backend import Backend
@@ -59,6 +59,8 @@ def lltm_sequence(input, weights, bias, h0, c0, *, lengths=None, reverse=False, 
     T, B, I = input.shape
     S = h0.shape[1]
     if compiling:
+        from . import _trace  # on first trace only: see _trace's module docstring
+
         needs = torch.is_grad_enabled() and any(t.requires_grad for t in args)
         out = _trace.forward("sequence", args, (lengths, reverse), backend, needs, steps=T)
         if out is None:  # no sequence kernels: each step is traced as lltm() is

@@ -18,6 +18,10 @@ and deployment"), decided by :func:`_route`:
   backend (``_autograd.check_traced_choice``).
 * ``LOOP`` (sequences only): a backend without sequence kernels runs the
   cell once per step, each step traced as the cell is.
+
+lltm_core imports this module only when a call is first traced (Dynamo runs
+that import for real): ``torch.compiler.assume_constant_result`` imports
+torch._dynamo, over a second, which eager calls never need.
 """
 
 from __future__ import annotations

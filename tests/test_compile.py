@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -110,3 +112,31 @@ def test_two_backends_with_one_name_cannot_share_its_operators():
     with pytest.raises(BackendError, match="already run another backend named 'ref'.*a name of its own"):
         ops_for(impostor)
     assert ops_for(dataclasses.replace(ref, priority=7)) == ops_for(ref)  # same kernels: same operators
+
+
+_FIRST_TRACE_IN_A_FRESH_PROCESS = """
+import sys, torch, lltm_core
+assert "torch._dynamo" not in sys.modules, "import lltm_core imported torch._dynamo"
+torch.manual_seed(0)
+cell, layer = lltm_core.LLTM(7, 5), lltm_core.LLTMLayer(7, 5, bidirectional=True)
+x, h, c = torch.randn(3, 7), torch.randn(3, 5), torch.randn(3, 5)
+xs = torch.randn(4, 3, 7, requires_grad=True)
+cell_eager, (layer_eager, _) = cell(x, (h, c)), layer(xs)
+layer_eager.sum().backward()
+assert "torch._dynamo" not in sys.modules, "an eager call imported torch._dynamo"
+torch.testing.assert_close(torch.compile(cell, backend="eager", fullgraph=True)(x, (h, c)), cell_eager)
+got, _ = torch.compile(layer, backend="eager", fullgraph=True)(xs)
+torch.testing.assert_close(got, layer_eager)
+torch.testing.assert_close(torch.autograd.grad(got.sum(), xs)[0], xs.grad)
+print("traced on", lltm_core.get_backend().name)
+"""
+
+
+def test_import_leaves_dynamo_to_the_first_trace():
+    """Neither ``import lltm_core`` nor an eager call imports torch._dynamo (over a second): lltm's
+    tracing module is imported by the first trace, from inside Dynamo, which then compiles the cell
+    and the layer with fullgraph=True.  In a fresh process, where nothing has traced yet."""
+    done = subprocess.run([sys.executable, "-c", _FIRST_TRACE_IN_A_FRESH_PROCESS], capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    assert "traced on" in done.stdout
