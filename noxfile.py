@@ -181,9 +181,10 @@ def cross_torch(session):
 
 @_session
 def oldest_torch(session):
-    """Both compiled backends built from source on the oldest torch they promise, 2.10, as a user with
-    that torch builds them, then run there: lltm-cpu by the kit, lltm-cuda's sources by its emulated
-    build (the same stable headers; the real build would need that torch's CUDA 12 toolkit).
+    """Every distribution on the oldest torch it promises, 2.10: the compiled backends built from source
+    as a user with that torch builds them, then the kit run there on lltm-ref, on lltm-cpu and on
+    lltm-cuda's sources in its emulated build (the same stable headers; the real build would need
+    that torch's CUDA 12 toolkit).
 
     A stable header a newer torch added (torch 2.13's STABLE_TORCH_ERROR_CODE_CHECK, once) compiles
     against the newer torch the other sessions use and fails only here.  torch 2.10.0 is a CUDA 12
@@ -198,6 +199,7 @@ def oldest_torch(session):
     session.run("python", "-c", "import torch; v = torch.__version__.split('+')[0]; "
                 f"assert v == {TORCH_OLDEST.split('==')[1]!r}, v; print('torch', torch.__version__)")
     session.run("lltm", "info")
+    _pytest(session, "-q", "--pyargs", "lltm_core.testing", "--lltm-backend", "ref")
     _pytest(session, "-q", "--pyargs", "lltm_core.testing", "--lltm-backend", "cpu")
     session.env.update({**CUDA_EMULATION, "LLTM_CUDA_TEST_EMULATED": "1"})
     _pytest(session, "-q", "--pyargs", "lltm_core.testing", "--lltm-backend", "cuda_emulated")

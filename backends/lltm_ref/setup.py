@@ -13,6 +13,6 @@ setup(
     python_requires=">=3.10",
     # No dependency on lltm-core: lltm-core depends on lltm-ref (it is the
     # fallback every install gets), and the reverse edge would be a cycle.
-    install_requires=["torch>=2.4"],
+    install_requires=["torch>=2.10"],  # the oldest torch tested (nox -s oldest_torch)
     entry_points={"lltm.backends": ["ref = lltm_ref:load_backend"]},
 )

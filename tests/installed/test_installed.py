@@ -39,11 +39,13 @@ def test_info_shows_installed_backends_with_versions():
 
 
 def test_wheel_metadata_asks_for_any_torch_of_the_stable_abi():
-    """The stable-ABI wheel requires torch >= 2.10, never the one torch it was built with."""
+    """Every wheel requires torch >= 2.10, the oldest torch `nox -s oldest_torch` runs them on; the
+    stable-ABI one never pins the torch it was built with."""
     from importlib.metadata import requires
 
-    reqs = [r.replace(" ", "") for r in requires("lltm-cpu")]
-    assert "torch>=2.10" in reqs and not any(r.startswith("torch==") for r in reqs), reqs
+    for distribution in ("lltm-core", "lltm-ref", "lltm-cpu"):
+        reqs = [r.replace(" ", "") for r in requires(distribution)]
+        assert "torch>=2.10" in reqs and not any(r.startswith("torch==") for r in reqs), (distribution, reqs)
 
 
 def test_the_kit_passes_from_the_installed_wheels():
