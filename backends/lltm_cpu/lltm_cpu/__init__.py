@@ -121,8 +121,9 @@ def gemm_routes() -> list[dict]:
 
     - ``kind``: ``"recurrent"`` (a step's GEMM: ``m``, ``n``, ``k``, ``b_transposed``,
       ``threads`` of ``torch_threads``), ``"all steps"`` (a GEMM over all steps, or the
-      per-step cell's: ``m``, ``n``, ``k``, ``a_transposed``, ``b_transposed``, the
-      ``threads`` it can use; a route named "... 1 thread" keeps to the calling thread) or
+      per-step cell's: ``m``, ``n``, ``k`` as timed, ``size_class`` the [M, N, K] class the choice
+      serves (each size rounded up to 1, 2, 3, 4, 6, 8, 12, ...), ``a_transposed``, ``b_transposed``,
+      the ``threads`` it can use; a route named "... 1 thread" keeps to the calling thread) or
       ``"time loop"`` (the split: ``batch``, ``state_size``, ``threads``, ``direction``,
       ``row_blocks``, ``column_blocks``);
     - ``dtype``, ``key`` (the choice's identity, one line), ``chosen`` (the route or split),

@@ -379,7 +379,8 @@ def routes_chosen() -> dict:
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_routes_measured_once_per_shape(dtype):
     """The first call of a shape chooses each GEMM's route among those this torch offers the dtype;
-    later calls of that shape reuse the choice; a new shape gets its own."""
+    later calls of that shape reuse the choice; a new shape gets its own (for the GEMMs over all
+    steps, a new size class: test_a_new_sequence_length_reuses_its_size_class)."""
     for variable in ("LLTM_CPU_GEMM", "LLTM_CPU_SPLIT"):
         if os.environ.get(variable):
             pytest.skip(f"{variable}={os.environ[variable]} chose the route or the GEMMs' shapes")
@@ -424,11 +425,57 @@ def test_routes_measured_once_per_shape(dtype):
         for record in all_steps:
             times = record["measured_us"]
             if torch.backends.mkl.is_available():
-                small = record["threads"] > 1 and record["m"] * record["n"] * record["k"] <= 1 << 24
+                m, n, k = record["size_class"]  # the candidates follow the class, not the shape timed
+                assert record["m"] <= m and record["n"] <= n and record["k"] <= k, record
+                small = record["threads"] > 1 and m * n * k <= 1 << 24
                 offered = {"avx2-fma", "mkl"} | ({"avx2-fma 1 thread", "mkl 1 thread"} if small else set())
                 assert set(times) == offered and record["chosen"] == min(times, key=times.get), record
     else:
         assert not all_steps, new
+
+
+def size_class(size: int) -> int:
+    """csrc/cpu/blas.cpp's size_class: the smallest of 1, 2, 3, 4, 6, 8, 12, ... that holds ``size``."""
+    power = 1
+    while True:
+        if size <= power:
+            return power
+        if power >= 2 and size <= power // 2 * 3:
+            return power // 2 * 3
+        power *= 2
+
+
+def test_a_new_sequence_length_reuses_its_size_class():
+    """The GEMMs over all steps are timed once per size class of their sizes, not once per shape: a
+    training loop over 15 sequence lengths times the input projection (M = T*B) once per class of
+    T*B, at the first length of each, and every length still matches the reference."""
+    if os.environ.get("LLTM_CPU_GEMM"):
+        pytest.skip(f"LLTM_CPU_GEMM={os.environ['LLTM_CPU_GEMM']} chose the route")
+    if not avx2_fma_kernel():
+        pytest.skip("no float32 kernel of lltm-cpu's own here: the GEMMs over all steps are not timed")
+    B, I, S = 16, 5, 39
+    lengths = range(10, 25)  # T*B from 160 to 384: the classes 192, 256 and 384
+    before = {record["key"] for record in records()}
+    for T in lengths:
+        inputs = [t.detach().requires_grad_() for t in make_sequence_inputs(T, B, I, S)]
+        got = lltm_core.lltm_sequence(*inputs, backend="cpu")
+        want = reference_sequence(*[t.detach().double() for t in inputs])
+        for a, b in zip(got, want):
+            assert max_rel_error(a, b) <= tolerance(torch.float32), T
+    # The input projection: x (T*B, I) times W_x^T, one record per class of T*B.  Another test may
+    # have measured a class already, with sizes of the same classes; a class this test measured was
+    # timed at its first length.
+    projection = [r for r in records() if r["kind"] == "all steps" and not r["a_transposed"] and r["b_transposed"]
+                  and r["size_class"][1:] == [size_class(3 * S), size_class(I)]
+                  and r["threads"] == torch.get_num_threads()]
+    classes = sorted({size_class(T * B) for T in lengths})
+    assert classes == [192, 256, 384]
+    assert sorted(r["size_class"][0] for r in projection if r["size_class"][0] in classes) == classes, projection
+    for record in projection:
+        if record["key"] not in before:
+            first = min(T * B for T in lengths if size_class(T * B) == record["size_class"][0])
+            assert record["m"] == first, record
+    assert len([r for r in records() if r["key"] not in before and r["kind"] == "all steps"]) <= 4 * len(classes)
 
 
 def call_at_once(call, count: int, timeout: float = 120) -> list:

@@ -236,6 +236,28 @@ void own_gemm(bool one_thread, bool trans_a, bool trans_b, int64_t m, int64_t n,
   }
 }
 
+// A GEMM size's class: the smallest of 1, 2, 3, 4, 6, 8, 12, 16, ... (each at most 1.5x the one
+// before) that holds it.  Shapes of one class share a route choice, so that a new sequence length
+// (M or K = T*B) is timed only when it reaches a new class: timing one takes 25x the call at T64 B16
+// (benchmarks/results/cpu_sequence.md, 2026-12-05).
+int64_t size_class(int64_t size) {
+  for (int64_t power = 1;; power *= 2) {
+    if (size <= power) {
+      return power;
+    }
+    if (power >= 2 && size <= power / 2 * 3) {
+      return power / 2 * 3;
+    }
+  }
+}
+
+// The sizes of `size`'s class, as the key shows them: "769-1024", or "1" for a class of one.
+std::string size_range(int64_t size) {
+  const int64_t upper = size_class(size);
+  const int64_t lower = upper <= 2 ? upper : (upper & (upper - 1)) == 0 ? upper / 4 * 3 + 1 : upper / 3 * 2 + 1;
+  return lower == upper ? std::to_string(upper) : std::to_string(lower) + "-" + std::to_string(upper);
+}
+
 // A GEMM over all steps: the route, and whether it keeps to the calling thread.
 struct AllStepsRoute {
   Route route;
@@ -279,10 +301,13 @@ AllStepsRoute all_steps_route(bool trans_a, bool trans_b, int64_t m, int64_t n, 
     if (has_avx2_fma() && (!requested || requested == Route::kAvx2Fma)) {
       // The threads the GEMM can use: inside a parallel region, its own only.
       const int64_t threads = in_parallel_region() ? 1 : num_threads();
-      // This thread's choices by shape, read before the key is formatted and the tuning mutex
-      // taken: the per-step cell makes one such GEMM per call.
-      thread_local std::map<std::tuple<int64_t, int64_t, int64_t, bool, bool, int64_t>, AllStepsRoute> chosen;
-      const auto shape = std::make_tuple(m, n, k, trans_a, trans_b, threads);
+      // This thread's choices by shape class, read before the key is formatted and the tuning
+      // mutex taken: the per-step cell makes one such GEMM per call.  Everything the candidates
+      // depend on is a function of the key, so that a choice's index means the same route for
+      // every shape of its class.
+      const int64_t m_class = size_class(m), n_class = size_class(n), k_class = size_class(k);
+      thread_local std::map<std::tuple<int64_t, int64_t, int64_t, bool, bool, int64_t, bool>, AllStepsRoute> chosen;
+      const auto shape = std::make_tuple(m_class, n_class, k_class, trans_a, trans_b, threads, mkl_here);
       if (const auto found = chosen.find(shape); found != chosen.end()) {
         return found->second;
       }
@@ -290,7 +315,7 @@ AllStepsRoute all_steps_route(bool trans_a, bool trans_b, int64_t m, int64_t n, 
       // more threads, and timing it on one would add tens of ms to its first call.  Those small
       // GEMMs take microseconds, so they are timed in kCloseCallRounds rounds.
       constexpr int64_t kOneThreadMacs = int64_t{1} << 24;
-      const bool one_thread_too = !requested && threads > 1 && m * n * k <= kOneThreadMacs;
+      const bool one_thread_too = !requested && threads > 1 && m_class * n_class * k_class <= kOneThreadMacs;
       std::vector<AllStepsRoute> candidates = {{Route::kAvx2Fma}};
       std::vector<const char*> names = {route_name(Route::kAvx2Fma)};
       if (one_thread_too) {
@@ -306,10 +331,11 @@ AllStepsRoute all_steps_route(bool trans_a, bool trans_b, int64_t m, int64_t n, 
         }
       }
       std::ostringstream key, fields;
-      key << "all steps float32 M" << m << " N" << n << " K" << k << (trans_a ? " A^T" : "") << (trans_b ? " B^T" : "")
-          << " threads " << threads;
+      key << "all steps float32 M" << size_range(m) << " N" << size_range(n) << " K" << size_range(k)
+          << (trans_a ? " A^T" : "") << (trans_b ? " B^T" : "") << " threads " << threads << (mkl_here ? "" : " no MKL");
       fields << "\"kind\": \"all steps\", \"dtype\": \"float32\", \"m\": " << m << ", \"n\": " << n
-             << ", \"k\": " << k << ", \"a_transposed\": " << (trans_a ? "true" : "false")
+             << ", \"k\": " << k << ", \"size_class\": [" << m_class << ", " << n_class << ", " << k_class
+             << "], \"a_transposed\": " << (trans_a ? "true" : "false")
              << ", \"b_transposed\": " << (trans_b ? "true" : "false") << ", \"threads\": " << threads
              << ", \"torch_threads\": " << num_threads();
       const int index = tuning::tuned_index(key.str(), fields.str(), names, [&](int i) {
