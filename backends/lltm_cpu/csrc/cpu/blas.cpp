@@ -251,9 +251,9 @@ int64_t size_class(int64_t size) {
   }
 }
 
-// The sizes of `size`'s class, as the key shows them: "769-1024", or "1" for a class of one.
-std::string size_range(int64_t size) {
-  const int64_t upper = size_class(size);
+// The sizes of the class whose largest is `upper`, as the key shows them: "769-1024", or "1" for a
+// class of one.
+std::string class_range(int64_t upper) {
   const int64_t lower = upper <= 2 ? upper : (upper & (upper - 1)) == 0 ? upper / 4 * 3 + 1 : upper / 3 * 2 + 1;
   return lower == upper ? std::to_string(upper) : std::to_string(lower) + "-" + std::to_string(upper);
 }
@@ -301,16 +301,16 @@ AllStepsRoute all_steps_route(bool trans_a, bool trans_b, int64_t m, int64_t n, 
     if (has_avx2_fma() && (!requested || requested == Route::kAvx2Fma)) {
       // The threads the GEMM can use: inside a parallel region, its own only.
       const int64_t threads = in_parallel_region() ? 1 : num_threads();
-      // This thread's choices by shape class, read before the key is formatted and the tuning
-      // mutex taken: the per-step cell makes one such GEMM per call.  Everything the candidates
-      // depend on is a function of the key, so that a choice's index means the same route for
-      // every shape of its class.
-      const int64_t m_class = size_class(m), n_class = size_class(n), k_class = size_class(k);
-      thread_local std::map<std::tuple<int64_t, int64_t, int64_t, bool, bool, int64_t, bool>, AllStepsRoute> chosen;
-      const auto shape = std::make_tuple(m_class, n_class, k_class, trans_a, trans_b, threads, mkl_here);
+      // This thread's choices by shape, read before the key is formatted and the tuning mutex
+      // taken: the per-step cell makes one such GEMM per call.
+      thread_local std::map<std::tuple<int64_t, int64_t, int64_t, bool, bool, int64_t>, AllStepsRoute> chosen;
+      const auto shape = std::make_tuple(m, n, k, trans_a, trans_b, threads);
       if (const auto found = chosen.find(shape); found != chosen.end()) {
         return found->second;
       }
+      // The choice itself is made per shape class: everything the candidates depend on is a
+      // function of the key, so that a choice's index means the same route for every shape of it.
+      const int64_t m_class = size_class(m), n_class = size_class(n), k_class = size_class(k);
       // One thread is offered only below this many multiply-adds: a larger GEMM always gains from
       // more threads, and timing it on one would add tens of ms to its first call.  Those small
       // GEMMs take microseconds, so they are timed in kCloseCallRounds rounds.
@@ -331,7 +331,7 @@ AllStepsRoute all_steps_route(bool trans_a, bool trans_b, int64_t m, int64_t n, 
         }
       }
       std::ostringstream key, fields;
-      key << "all steps float32 M" << size_range(m) << " N" << size_range(n) << " K" << size_range(k)
+      key << "all steps float32 M" << class_range(m_class) << " N" << class_range(n_class) << " K" << class_range(k_class)
           << (trans_a ? " A^T" : "") << (trans_b ? " B^T" : "") << " threads " << threads << (mkl_here ? "" : " no MKL");
       fields << "\"kind\": \"all steps\", \"dtype\": \"float32\", \"m\": " << m << ", \"n\": " << n
              << ", \"k\": " << k << ", \"size_class\": [" << m_class << ", " << n_class << ", " << k_class
