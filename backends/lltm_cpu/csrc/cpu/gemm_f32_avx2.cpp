@@ -10,7 +10,7 @@
 //
 // B (k x n) is packed once per sequence into blocks of 8 columns (one vector),
 // each holding its k rows one after another, the last block padded with zeros.
-// A call runs over k in slices of slice_depth() rows, so that a micro-tile's
+// A call runs over k in slices of kDepth rows, so that a micro-tile's
 // slice of B (kBlocks blocks) stays in the L1 cache while the row tiles of a
 // panel of A (kPanelRows rows, kept in L2) pass over it;
 // a micro-tile is kRows rows by kBlocks blocks, 12 accumulators of the 16
@@ -26,8 +26,6 @@
 
 #include <immintrin.h>
 
-#include <unistd.h>
-
 #include <cstdint>
 #include <cstring>
 
@@ -39,7 +37,10 @@ namespace {
 
 constexpr int64_t kRows = kTileRows;
 constexpr int64_t kBlocks = kTileColumns / kBlock;  // column blocks per micro-tile
-constexpr int64_t kMaxDepth = 256;  // rows of B per slice at most: 3 blocks x 256 x 4 bytes = 24 KiB
+// Rows of B per slice: 3 blocks x 256 x 4 bytes = 24 KiB.  Also where the L1
+// is 32 KiB (Zen 3): there a 168-row slice missed L1 less often but ran the
+// as-stored GEMMs 5-7% slower (benchmarks/results/cpu_sequence.md).
+constexpr int64_t kDepth = 256;
 constexpr int64_t kPanelRows = 96;  // rows of A per pass over B's column tiles: 96 KiB of a slice, in L2
 
 // Plain helpers of this file's own (no std:: templates): an inline function
@@ -100,24 +101,6 @@ void tile(int64_t depth, const A* a, int64_t lda, const float* packed, int64_t b
       _mm256_maskstore_ps(out, mask, value);
     }
   }
-}
-
-// Rows of B per slice: its micro-tile's part fills half the L1 data cache, as
-// BLIS sizes its B panels.  256 with 48 KiB (Intel since Ice Lake, Zen 5), 168
-// with 32 KiB (Zen 2 to 4, Skylake), where 256 missed L1 1.2-1.35x as often in
-// a simulated cache (benchmarks/results/cpu_sequence.md, 2026-12-05).
-int64_t slice_depth() {
-  static const int64_t depth = [] {
-#if defined(_SC_LEVEL1_DCACHE_SIZE)
-    const long l1 = sysconf(_SC_LEVEL1_DCACHE_SIZE);  // 0 or -1 where the C library cannot tell
-#else
-    const long l1 = 0;
-#endif
-    const int64_t bytes = l1 > 0 ? l1 : 32 * 1024;
-    const int64_t rows = bytes / 2 / (kBlocks * kBlock * static_cast<int64_t>(sizeof(float))) / 8 * 8;
-    return rows < 64 ? 64 : smaller(rows, kMaxDepth);
-  }();
-  return depth;
 }
 
 template <typename A>
@@ -194,10 +177,9 @@ void multiply_any(int64_t m, int64_t n, int64_t k, const A* a, int64_t lda, cons
   const int64_t block_stride = k * kBlock;
   const int64_t blocks = (n + kBlock - 1) / kBlock;
   // A transposed A's panel, copied (96 KiB of the calling thread's stack).
-  alignas(32) float a_panel[TransA ? kPanelRows * kMaxDepth : 1];
-  const int64_t slice_rows = slice_depth();
-  for (int64_t first = 0; first < k; first += slice_rows) {
-    const int64_t depth = smaller(slice_rows, k - first);
+  alignas(32) float a_panel[TransA ? kPanelRows * kDepth : 1];
+  for (int64_t first = 0; first < k; first += kDepth) {
+    const int64_t depth = smaller(kDepth, k - first);
     const bool add = accumulate || first > 0;  // later slices add to the earlier ones
     for (int64_t panel = 0; panel < m; panel += kPanelRows) {
       const int64_t panel_end = smaller(m, panel + kPanelRows);
