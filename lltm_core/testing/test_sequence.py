@@ -53,14 +53,21 @@ def _layer(backend, I, S, num_layers, bidirectional, dtype, device, **kwargs):
 @pytest.mark.parametrize("case", LAYER_CASES, ids=[c[0] for c in LAYER_CASES])
 def test_layer_matches_reference(backend, lltm_device, lltm_dtype, case):
     """Outputs, h_n, c_n and every gradient (input, h_0, c_0, each parameter) against the float64 oracle."""
+    errors = layer_errors(backend, lltm_device, lltm_dtype, case)
+    assert_close(errors, lltm_dtype, f"LLTMLayer on {backend.name}, case {case[0]}")
+
+
+def layer_errors(backend, device, dtype, case) -> dict[str, float]:
+    """{quantity: relative error} of LLTMLayer on one of LAYER_CASES, fresh random values from torch's
+    generator (also what benchmarks/kit_errors.py samples over many seeds to size the tolerances)."""
     _, T, B, I, S, L, bidirectional, layout, lengths = case
     D = 2 if bidirectional else 1
-    layer = _layer(backend, I, S, L, bidirectional, lltm_dtype, lltm_device, batch_first=layout == "batch")
+    layer = _layer(backend, I, S, L, bidirectional, dtype, device, batch_first=layout == "batch")
     with torch.no_grad():  # fresh values, scaled as make_inputs scales them: both sides of elu, real curvature
         for p in layer.parameters():
             scale = 1.5 / p.shape[1] ** 0.5 if p.dim() == 2 else 0.5
             p.copy_(torch.randn(p.shape, dtype=torch.float64) * scale)
-    x = torch.randn(T, B, I, dtype=torch.float64).to(lltm_device, lltm_dtype).requires_grad_()
+    x = torch.randn(T, B, I, dtype=torch.float64).to(device, dtype).requires_grad_()
     h0 = torch.randn(L * D, B, S, dtype=torch.float64).to(x).requires_grad_()
     c0 = torch.randn(L * D, B, S, dtype=torch.float64).to(x).requires_grad_()
     lengths_t = torch.tensor(lengths) if lengths else None
@@ -96,8 +103,7 @@ def test_layer_matches_reference(backend, lltm_device, lltm_dtype, case):
 
     names = ["output", "h_n", "c_n"] + [f"grad_{n}" for n in ("input", "h_0", "c_0")[: len(inputs)]] + [
         f"grad_{n}" for n, _ in layer.named_parameters()]
-    errors = {n: max_rel_error(g, w) for n, g, w in zip(names, (output, h_n, c_n, *grads), (*want, *want_grads))}
-    assert_close(errors, lltm_dtype, f"LLTMLayer on {backend.name}, case {case[0]}")
+    return {n: max_rel_error(g, w) for n, g, w in zip(names, (output, h_n, c_n, *grads), (*want, *want_grads))}
 
 
 @pytest.mark.parametrize("reverse", [False, True], ids=["forward", "reverse"])

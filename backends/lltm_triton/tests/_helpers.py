@@ -6,11 +6,13 @@ import os
 
 import torch
 
+from lltm_core.testing import tolerance
+
 INTERPRETER = os.environ.get("TRITON_INTERPRET") == "1"
 DEVICE = "cpu" if INTERPRETER else "cuda"
 DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
-#: Largest error relative to max(1, largest magnitude) against the float64 oracle (the kit's).
-TOLERANCE = {torch.float64: 1e-10, torch.float32: 2e-5, torch.float16: 1e-2, torch.bfloat16: 4e-2}
+#: Largest error relative to max(1, largest magnitude) against the float64 oracle: the kit's.
+TOLERANCE = {dtype: tolerance(dtype) for dtype in DTYPES}
 
 
 def rel_error(got, want) -> float:
