@@ -103,10 +103,16 @@ def _run_together(cwd: Path, commands: list[list[str]]) -> list[str]:
     results = []
     try:
         for proc in procs:
-            try:
-                results.append(proc.communicate(timeout=max(1.0, deadline - time.monotonic())))
-            except subprocess.TimeoutExpired:
-                pytest.fail(f"{' '.join(proc.args)}: still running after {DEADLINE_S} s")
+            results.append(proc.communicate(timeout=max(1.0, deadline - time.monotonic())))
+    except subprocess.TimeoutExpired as late:
+        # What each launch had printed when stopped: where a hang stands, or how far a slow run got.
+        for proc in procs[len(results):]:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+            results.append(proc.communicate())
+        said = "\n".join(f"--- {' '.join(proc.args[3:])}\nstdout:\n{out[-2000:]}\nstderr:\n{err[-4000:]}"
+                         for proc, (out, err) in zip(procs, results))
+        pytest.fail(f"{' '.join(late.cmd)}: still running after {DEADLINE_S} s\n{said}")
     finally:
         for proc in procs:
             if proc.poll() is None:
