@@ -23,7 +23,8 @@ import torch
 import lltm_core
 from lltm_core.testing import tolerance
 from lltm_core.testing.test_sequence import LAYER_CASES, layer_errors
-from layer_path import cpu_name
+
+from pointwise_pass import cpu_name
 
 
 def survey(backend_name: str, dtype: torch.dtype, seeds: int, cases: list) -> list[str]:

@@ -19,8 +19,6 @@ Prints the median of each round's calls, in ms, per round.  No tuning variable i
 
 import argparse
 import dataclasses
-import platform
-import re
 import statistics
 import time
 
@@ -28,15 +26,7 @@ import torch
 
 import lltm_core
 
-
-def cpu_name() -> str:
-    """The CPU's model name (/proc/cpuinfo on Linux), else the machine type."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            found = re.search(r"^model name\s*:\s*(.+)$", f.read(), re.MULTILINE)
-    except OSError:
-        found = None
-    return found.group(1) if found else platform.machine()
+from pointwise_pass import cpu_name
 
 
 def main(argv=None) -> int:
