@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import importlib
 import math
 import os
 import time
@@ -219,6 +220,11 @@ def main() -> None:
         if device.type == "cuda":
             device = torch.device("cuda", env["LOCAL_RANK"])
             torch.cuda.set_device(device)
+        # Before the group exists: DDP imports torch._dynamo, which imports torch.distributed.nn.functional,
+        # whose functions default to `group=group.WORLD`. Imported later, they hold the group past
+        # destroy_process_group, so gloo's threads outlive it and now and then abort the interpreter's
+        # exit ("terminate called without an active exception", pytorch#190489).
+        importlib.import_module("torch._dynamo")
         # MASTER_ADDR / MASTER_PORT come from torchrun's rendezvous; the timeout turns a lost peer into an error.
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=datetime.timedelta(minutes=5),
                                 device_id=device if device.type == "cuda" else None)

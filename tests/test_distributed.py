@@ -25,6 +25,8 @@ from pathlib import Path
 
 import pytest
 import torch
+# Before any process group exists (why: examples/train_sequence.py, at its import of torch._dynamo).
+import torch._dynamo
 import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn.functional as F
