@@ -60,9 +60,11 @@ def build_info(arch_list: str, cuda_home: str = "", emulated: bool = False, cuda
 
 
 # The sources of both builds: the emulated one reaches the same .cu files through csrc/emulation/*.cpp.
-KERNEL_HEADERS = ["csrc/cuda/lltm_common.cuh", "csrc/cuda/lltm_runtime.cuh", "csrc/emulation/lltm_emulator.h"]
-KERNEL_SOURCES = ["csrc/cuda/lltm_kernels.cu", "csrc/cuda/lltm_sequence.cu"]
+KERNEL_HEADERS = ["csrc/cuda/lltm_common.cuh", "csrc/cuda/lltm_runtime.cuh", "csrc/cuda/lltm_persistent.cuh",
+                  "csrc/emulation/lltm_emulator.h"]
+KERNEL_SOURCES = ["csrc/cuda/lltm_kernels.cu", "csrc/cuda/lltm_sequence.cu", "csrc/cuda/lltm_persistent.cu"]
 EMULATED_SOURCES = ["csrc/emulation/lltm_kernels.cpp", "csrc/emulation/lltm_sequence.cpp",
+                    "csrc/emulation/lltm_persistent.cpp",
                     "csrc/emulation/emulation_ops.cpp", "csrc/emulation/emulator_probes.cpp"]
 
 
