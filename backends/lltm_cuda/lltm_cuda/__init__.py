@@ -28,7 +28,8 @@ import torch
 
 from . import _build_info
 
-__all__ = ["saved_layout", "sequence_saved_layout", "library_path", "unavailable_reason", "load_backend"]
+__all__ = ["saved_layout", "sequence_saved_layout", "library_path", "unavailable_reason", "load_backend",
+           "sequence_path"]
 
 #: Whether this is the emulated build (the kernels on the CPU, for lltm-cuda's tests).
 EMULATED = getattr(_build_info, "EMULATED", False)
@@ -176,6 +177,32 @@ def unavailable_reason() -> str | None:
     return None
 
 
+# torch's ScalarType numbers, which the library's C function takes.
+_SCALAR_TYPES = {torch.float16: 5, torch.float32: 6, torch.float64: 7, torch.bfloat16: 15}
+
+
+def sequence_path(dtype: torch.dtype, batch: int, state_size: int, device: int = 0) -> tuple[str, int, str]:
+    """Which path a sequence call of these sizes takes on cuda:``device``, as the library decides it
+    (csrc/cuda/lltm_persistent.cu, plan_sequence): ``("persistent", cluster blocks, why)`` or
+    ``("per-step", 1, why)``.  LLTM_CUDA_SEQUENCE and LLTM_CUDA_CLUSTER force a choice; a forced
+    choice that cannot run raises RuntimeError, as the call would."""
+    import ctypes
+
+    reason = unavailable_reason()
+    if reason is not None:
+        raise RuntimeError(f"{DISTRIBUTION} cannot run here: {reason}")
+    variant = os.environ.get(ENV_EMULATED_LIBRARY) if EMULATED else None
+    plan = ctypes.CDLL(variant or library_path()).lltm_cuda_sequence_plan
+    plan.restype = ctypes.c_int
+    plan.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_char_p, ctypes.c_size_t]
+    why = ctypes.create_string_buffer(1024)
+    cluster = plan(device, _SCALAR_TYPES[dtype], batch, state_size, why, len(why))
+    text = why.value.decode()
+    if cluster < 0:
+        raise RuntimeError(text)
+    return ("persistent", cluster, text) if cluster > 0 else ("per-step", 1, text)
+
+
 def load_backend():
     from lltm_core.backend import Backend
     from lltm_core.extension import unavailable_kernel
@@ -194,7 +221,8 @@ def load_backend():
                        f"stable ABI for torch >= {_target()}, built with {_build_info.TORCH_VERSION})")
     else:
         name, devices, priority = "cuda", {"cuda"}, 100
-        description = (f"fused CUDA kernels + cuBLAS (stable ABI for torch >= {_target()}, "
+        description = (f"fused CUDA kernels + cuBLAS, a sequence's time loop in one launch where W_h fits on chip "
+                       f"(python -m lltm_cuda --explain T,B,I,S) (stable ABI for torch >= {_target()}, "
                        f"CUDA {_cuda_major(_build_info.CUDA_VERSION)}, arch {_build_info.ARCH_LIST}; built with "
                        f"torch {_build_info.TORCH_VERSION})")
     return Backend(

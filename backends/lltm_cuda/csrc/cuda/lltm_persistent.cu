@@ -19,6 +19,8 @@
 #include "lltm_persistent.cuh"
 
 #include <cstdlib>
+#include <cstring>
+#include <exception>
 #include <map>
 #include <mutex>
 #include <utility>
@@ -328,3 +330,27 @@ void persistent_backward(const SequencePlan& plan, const PersistentBackward& a) 
 }
 
 }  // namespace lltm_cuda
+
+// plan_sequence for Python (lltm_cuda.sequence_path, through ctypes): the blocks of the cluster, 0
+// for the per-step path, or -1 for an error; `why` gets the reason or the error's message.  A C
+// function, not an operator: it answers a question about the library, it computes nothing.
+extern "C" __attribute__((visibility("default"))) int lltm_cuda_sequence_plan(int device, int dtype, int64_t batch,
+                                                                              int64_t state_size, char* why,
+                                                                              size_t why_size) {
+  std::string text;
+  int cluster = -1;
+  try {
+    const lltm_cuda::SequencePlan plan =
+        lltm_cuda::plan_sequence(device, static_cast<lltm_cuda::ScalarType>(dtype), batch, state_size);
+    cluster = plan.persistent ? plan.cluster : 0;
+    text = plan.why;
+  } catch (const std::exception& error) {
+    text = error.what();
+  }
+  if (why_size > 0) {
+    const size_t n = std::min(why_size - 1, text.size());
+    std::memcpy(why, text.data(), n);
+    why[n] = '\0';
+  }
+  return cluster;
+}
