@@ -273,7 +273,20 @@ def cuda_emulated(session):
     session.env.update({**CUDA_EMULATION, "LLTM_CUDA_EMULATE_SEED": seed, "LLTM_CUDA_TEST_EMULATED": "1",
                         "LLTM_CUDA_TEST_AOTI": "1"})
     session.run("lltm", "info")
+    # The default choice: the persistent kernel over a cluster of 8 where W_h fits, per step elsewhere.
     _pytest(session, "--pyargs", "lltm_core.testing", "--lltm-backend", "cuda_emulated")
+    # Each path forced, over the kit's sequence comparisons (the cases whose W_h fits a block, in the
+    # three dtypes the persistent kernel takes): clusters of 1, 2, 4 and 8 blocks, and per step.
+    for path, cluster in (("persistent", "1"), ("persistent", "2"), ("persistent", "4"), ("persistent", "8"),
+                          ("per-step", "0")):
+        session.log(f"the kit's sequence comparisons with LLTM_CUDA_SEQUENCE={path} LLTM_CUDA_CLUSTER={cluster}")
+        session.env.update({"LLTM_CUDA_SEQUENCE": path, "LLTM_CUDA_CLUSTER": cluster})
+        _pytest(session, "--pyargs", "lltm_core.testing.test_sequence", "--lltm-backend", "cuda_emulated",
+                "--lltm-dtype", "float32", "--lltm-dtype", "bfloat16", "--lltm-dtype", "float16",
+                "-k", "(lltm_sequence_matches or layer_matches or inference) and not S1031 and not float64")
+    for name in ("LLTM_CUDA_SEQUENCE", "LLTM_CUDA_CLUSTER"):
+        del session.env[name]
+    # The emulator's own tests, the persistent path's (launch count flat in T) and the planted defects.
     _pytest(session, str(ROOT / "backends/lltm_cuda/tests"))
     # pip replaces torch only: lltm-cuda-emulated stays as built, against the older torch.
     session.install(TORCH_CUDA)
