@@ -147,6 +147,9 @@ void launch(void (*kernel)(Params...), const ClusterLaunch& shape, Stream stream
   // Above 48 KB a kernel must opt in to more dynamic shared memory, above 8 blocks to a larger cluster.
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(shape.shared_bytes)),
              shape.name);
+  if (shape.cluster > 8) {
+    check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1), shape.name);
+  }
   cudaLaunchConfig_t config{};
   config.gridDim = dim3(unsigned(shape.blocks));
   config.blockDim = dim3(unsigned(shape.threads));
