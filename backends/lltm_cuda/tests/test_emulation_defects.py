@@ -85,39 +85,21 @@ DEFECTS = [
              r"\{'grad_weights'",
     ),
     # The persistent kernel's races: each fails every case (every case runs the kernel).
-    Defect(
-        "persistent-missing-syncthreads", "lltm_persistent.cu",
-        "    rt::sync_threads();  // every unit's d_gates in dg_s before the partial product reads them\n", "",
-        fails=r".", must_fail=("float32-full-forward", "float32-lengths-reverse", "float32-odd-sizes"),
-        says=r"lltm_sequence on cuda_emulated, reverse=False, lengths=None: relative error above [0-9.e-]+ in "
-             r"\{'grad_input'",
-        kit=tuple(PERSISTENT_KIT), env=tuple(PERSISTENT.items()),
-    ),
-    Defect(
-        "persistent-single-h-buffer", "lltm_persistent.cu",
-        "const int next = 1 - current;", "const int next = current;",
-        fails=r".", must_fail=("float32-full-forward", "float32-full-reverse", "float32-T1"),
-        says=r"lltm_sequence on cuda_emulated, reverse=False, lengths=None: relative error above [0-9.e-]+ in "
-             r"\{'output'",
-        kit=tuple(PERSISTENT_KIT), env=tuple(PERSISTENT.items()),
-    ),
-    Defect(
-        "persistent-wrong-peer-rank", "lltm_persistent.cu",
-        "rt::map_shared_rank(h_next, peer)[at] = new_h;", "rt::map_shared_rank(h_next, rank)[at] = new_h;",
-        fails=r".", must_fail=("float32-full-forward", "float32-lengths-forward", "float32-odd-sizes"),
-        says=r"lltm_sequence on cuda_emulated, reverse=False, lengths=None: relative error above [0-9.e-]+ in "
-             r"\{'output'",
-        kit=tuple(PERSISTENT_KIT), env=tuple(PERSISTENT.items()),
-    ),
-    Defect(
-        "persistent-missing-cluster-barrier", "lltm_persistent.cu",
-        "    // h_t complete in every block before any reads it; and no block leaves while peers write to it.\n"
-        "    rt::cluster_sync();\n", "",
-        fails=r".", must_fail=("float32-full-forward", "float32-full-reverse", "float32-lengths-reverse"),
-        says=r"lltm_sequence on cuda_emulated, reverse=False, lengths=None: relative error above [0-9.e-]+ in "
-             r"\{'output'",
-        kit=tuple(PERSISTENT_KIT), env=tuple(PERSISTENT.items()),
-    ),
+    *(Defect(name, "lltm_persistent.cu", old, new, fails=r".", must_fail=tuple(f"float32-{m}" for m in must_fail),
+             says=r"lltm_sequence on cuda_emulated, reverse=False, lengths=None: relative error above [0-9.e-]+ in "
+                  r"\{'" + first_wrong, kit=tuple(PERSISTENT_KIT), env=tuple(PERSISTENT.items()))
+      for name, old, new, must_fail, first_wrong in [
+          ("persistent-missing-syncthreads",
+           "    rt::sync_threads();  // every unit's d_gates in dg_s before the partial product reads them\n", "",
+           ("full-forward", "lengths-reverse", "odd-sizes"), "grad_input"),
+          ("persistent-single-h-buffer", "const int next = 1 - current;", "const int next = current;",
+           ("full-forward", "full-reverse", "T1"), "output"),
+          ("persistent-wrong-peer-rank", "rt::map_shared_rank(h_next, peer)[at] = new_h;",
+           "rt::map_shared_rank(h_next, rank)[at] = new_h;", ("full-forward", "lengths-forward", "odd-sizes"), "output"),
+          ("persistent-missing-cluster-barrier",
+           "    // h_t complete in every block before any reads it; and no block leaves while peers write to it.\n"
+           "    rt::cluster_sync();\n", "", ("full-forward", "full-reverse", "lengths-reverse"), "output"),
+      ]),
 ]
 
 # Built as setup.py builds the emulated library: the same stable-ABI flags (its CXX_FLAGS).
