@@ -21,9 +21,9 @@ TORCH_CUDA_ARCH_LIST picks the GPU architectures (default: Ampere and Hopper,
 plus PTX that newer GPUs compile at load time).
 
 LLTM_CUDA_EMULATE=1 builds instead the test-only emulated library: the same csrc/ sources
-compiled as C++ for the CPU (csrc/cuda/lltm_runtime.cuh runs each launch as a serial loop over
-the grid), as the distribution lltm-cuda-emulated, package lltm_cuda_emulated (this lltm_cuda
-package's own files), backend cuda_emulated on CPU tensors.  It needs only a CPU build of torch
+compiled as C++ for the CPU (csrc/emulation/lltm_emulator.h runs each GPU thread of a launch as a
+fiber, barriers and clusters included), as the distribution lltm-cuda-emulated, package
+lltm_cuda_emulated (this lltm_cuda package's own files), backend cuda_emulated on CPU tensors.  It needs only a CPU build of torch
 and a C++ compiler; lltm-cuda's tests and the conformance kit run on it (`nox -s cuda_emulated`).
 It is never part of a user's install.
 """

@@ -14,8 +14,8 @@ instead of crashing.
 
 The same package is also the test-only emulated build (``LLTM_CUDA_EMULATE=1`` at build time,
 see setup.py): installed as ``lltm_cuda_emulated``, its library is these very kernels compiled
-for the CPU with every launch run serially, and it declares the backend ``cuda_emulated`` on CPU
-tensors.  Its build records ``EMULATED = True``.
+for the CPU with every thread of a launch a fiber (csrc/emulation/lltm_emulator.h), and it
+declares the backend ``cuda_emulated`` on CPU tensors.  Its build records ``EMULATED = True``.
 """
 
 from __future__ import annotations
@@ -217,7 +217,7 @@ def load_backend():
         forward = backward = sequence_forward = sequence_backward = unavailable_kernel("cuda", reason)
     if EMULATED:
         name, devices, priority = "cuda_emulated", {"cpu"}, -1  # test-only: under lltm-ref (0), it runs when named
-        description = (f"lltm-cuda's kernels compiled for the CPU, every launch run serially (test-only; "
+        description = (f"lltm-cuda's kernels compiled for the CPU, every GPU thread a fiber (test-only; "
                        f"stable ABI for torch >= {_target()}, built with {_build_info.TORCH_VERSION})")
     else:
         name, devices, priority = "cuda", {"cuda"}, 100

@@ -16,10 +16,20 @@ namespace {
 using namespace lltm_cuda;
 
 // A tree sum over one block in shared memory: the barriers order each level after the one before.
+// It first rotates the values by one thread, so that without barriers the first thread to run reads
+// a neighbour's unwritten value in any order (a tree alone comes out right run last thread first).
 __global__ void block_sum_kernel(const float* x, float* out, bool barriers) {
   float* partial = rt::dynamic_shared<float>();
   const unsigned t = threadIdx.x;
   partial[t] = x[blockIdx.x * blockDim.x + t];
+  if (barriers) {
+    rt::sync_threads();
+  }
+  const float next = partial[(t + 1) % blockDim.x];
+  if (barriers) {
+    rt::sync_threads();
+  }
+  partial[t] = next;
   for (unsigned stride = blockDim.x / 2; stride > 0; stride /= 2) {
     if (barriers) {
       rt::sync_threads();
