@@ -45,25 +45,39 @@ __host__ __device__ inline int64_t max_units(int64_t state_size, int64_t blocks)
 
 __host__ __device__ inline int64_t align16(int64_t bytes) { return (bytes + 15) / 16 * 16; }
 
+// The row stride of W_h's rows in shared memory, in elements: an odd number of 4-byte words, so that
+// the threads of a warp, each reading its own unit's row at the same column, hit 32 different banks.
+__host__ __device__ inline int64_t w_row_stride(int64_t state_size, int64_t element) {
+  int64_t words = (state_size * element + 3) / 4;
+  words += words % 2 == 0 ? 1 : 0;
+  return words * 4 / element;
+}
+
+__host__ __device__ inline int64_t w_bytes(int64_t state_size, int64_t blocks, int64_t element) {
+  return align16(3 * max_units(state_size, blocks) * w_row_stride(state_size, element) * element);
+}
+
 // Shared memory a block needs: W_h's rows, then the forward's two h buffers (B, S) or the
 // backward's d_gates (B, 3, n) and two partial d_h buffers (B, S) in float.
 inline int64_t forward_shared_bytes(int64_t element, int64_t batch, int64_t state_size, int64_t blocks) {
-  return align16(3 * max_units(state_size, blocks) * state_size * element) + 2 * batch * state_size * element;
+  return w_bytes(state_size, blocks, element) + 2 * batch * state_size * element;
 }
 
 inline int64_t backward_shared_bytes(int64_t element, int64_t batch, int64_t state_size, int64_t blocks) {
-  return align16(3 * max_units(state_size, blocks) * state_size * element) +
+  return w_bytes(state_size, blocks, element) +
          align16(batch * 3 * max_units(state_size, blocks) * 4) + 2 * batch * state_size * 4;
 }
 
-// Copies this block's rows of W_h (the first S columns of weights, row stride ld) into w_s[3][n_max][S].
+// Copies this block's rows of W_h (the first S columns of weights, row stride ld) into
+// w_s[3][n_max][w_ld], w_ld = w_row_stride.
 template <typename scalar_t>
 __device__ __forceinline__ void load_w_h(scalar_t* w_s, const scalar_t* weights, int64_t ld, int64_t state_size,
                                          Units units, int64_t n_max) {
+  const int64_t w_ld = w_row_stride(state_size, sizeof(scalar_t));
   const int64_t total = 3 * units.count * state_size;
   for (int64_t i = threadIdx.x; i < total; i += blockDim.x) {
     const int64_t gate = i / (units.count * state_size), unit = i / state_size % units.count, k = i % state_size;
-    w_s[(gate * n_max + unit) * state_size + k] = weights[(gate * state_size + units.first + unit) * ld + k];
+    w_s[(gate * n_max + unit) * w_ld + k] = weights[(gate * state_size + units.first + unit) * ld + k];
   }
 }
 
@@ -78,7 +92,8 @@ __global__ void persistent_forward_kernel(
   const Units units = units_of(state_size, rank, blocks);
   const int64_t n_max = max_units(state_size, blocks), S = state_size, BS = batch * state_size;
   scalar_t* const w_s = rt::dynamic_shared<scalar_t>();
-  scalar_t* const h_s = w_s + align16(3 * n_max * S * int64_t(sizeof(scalar_t))) / int64_t(sizeof(scalar_t));
+  const int64_t w_ld = w_row_stride(S, sizeof(scalar_t));
+  scalar_t* const h_s = w_s + w_bytes(S, blocks, sizeof(scalar_t)) / int64_t(sizeof(scalar_t));
   load_w_h(w_s, weights, ld, S, units, n_max);
   for (int64_t i = threadIdx.x; i < BS; i += blockDim.x) {
     h_s[i] = h[i];
@@ -97,9 +112,9 @@ __global__ void persistent_forward_kernel(
       scalar_t* const g = gates + ((t - first_step) * batch + b) * 3 * S;
       opmath_t pre_i = opmath_t(g[j]), pre_o = opmath_t(g[S + j]), pre_z = opmath_t(g[2 * S + j]);
       const scalar_t* const row = h_now + b * S;
-      const scalar_t* const w_i = w_s + u * S;
-      const scalar_t* const w_o = w_s + (n_max + u) * S;
-      const scalar_t* const w_z = w_s + (2 * n_max + u) * S;
+      const scalar_t* const w_i = w_s + u * w_ld;
+      const scalar_t* const w_o = w_s + (n_max + u) * w_ld;
+      const scalar_t* const w_z = w_s + (2 * n_max + u) * w_ld;
       for (int64_t c = 0; c < S; ++c) {
         const opmath_t hc = opmath_t(row[c]);
         pre_i += hc * opmath_t(w_i[c]);
@@ -146,7 +161,8 @@ __global__ void persistent_backward_kernel(
   const Units units = units_of(state_size, rank, blocks);
   const int64_t n_max = max_units(state_size, blocks), S = state_size, BS = batch * state_size;
   scalar_t* const w_s = rt::dynamic_shared<scalar_t>();
-  auto* const bytes = reinterpret_cast<unsigned char*>(w_s) + align16(3 * n_max * S * int64_t(sizeof(scalar_t)));
+  const int64_t w_ld = w_row_stride(S, sizeof(scalar_t));
+  auto* const bytes = reinterpret_cast<unsigned char*>(w_s) + w_bytes(S, blocks, sizeof(scalar_t));
   float* const dg_s = reinterpret_cast<float*>(bytes);  // (B, 3, n_max): this block's d_gates of the step
   float* const partial_s = reinterpret_cast<float*>(bytes + align16(batch * 3 * n_max * 4));  // 2 x (B, S)
   load_w_h(w_s, weights, ld, S, units, n_max);
@@ -179,7 +195,7 @@ __global__ void persistent_backward_kernel(
       float sum = 0.f;
       for (int gate = 0; gate < 3; ++gate) {
         for (int64_t u = 0; u < units.count; ++u) {
-          sum += dg_s[(b * 3 + gate) * n_max + u] * float(w_s[(gate * n_max + u) * S + c]);
+          sum += dg_s[(b * 3 + gate) * n_max + u] * float(w_s[(gate * n_max + u) * w_ld + c]);
         }
       }
       partial[o] = sum;
