@@ -238,9 +238,10 @@ def cuda(session):
 
 # The emulated GPU the cuda_emulated session runs on: 3 multiprocessors of one 8-thread block, so
 # 24 threads share every launch and the grid-stride loops go round (rows cross strides at odd
-# sizes too), and the threads run in a shuffled order, a new one each launch, so that a result
-# depending on the order (a race on a GPU) differs.  The seed is fresh each run, printed, and
-# LLTM_CUDA_EMULATE_SEED=N repeats it.
+# sizes too), and the threads run in a shuffled order, a new one each launch and after each
+# barrier, so that a result depending on the order (a race on a GPU) differs.  The persistent
+# kernel's clusters take their size from the sequence, not from these.  The seed is fresh each
+# run, printed, and LLTM_CUDA_EMULATE_SEED=N repeats it.
 CUDA_EMULATION = {
     "LLTM_CUDA_EMULATE_MULTIPROCESSORS": "3",
     "LLTM_CUDA_EMULATE_BLOCKS_PER_MULTIPROCESSOR": "1",
@@ -252,8 +253,10 @@ CUDA_EMULATION = {
 @_session
 def cuda_emulated(session):
     """lltm-cuda's own kernels and host code on the CPU: its .cu sources compiled as C++ with every
-    launch run serially (LLTM_CUDA_EMULATE=1, the test-only backend cuda_emulated), then the kit in
-    every dtype lltm-cuda declares, lltm-cuda's tests that need no device, and the planted defects.
+    GPU thread a fiber (LLTM_CUDA_EMULATE=1, the test-only backend cuda_emulated), then the kit in
+    every dtype lltm-cuda declares, the kit's sequence comparisons with each sequence path forced
+    (the persistent kernel over clusters of 1, 2, 4 and 8 blocks, and per step), lltm-cuda's tests
+    that need no device (the emulator's own, the launch count flat in T), and the planted defects.
 
     Then torch in the same venv becomes the newer TORCH_CUDA (2.14.1) and the library built on
     TORCH_CPU (2.13.0) runs again, not rebuilt: the stable ABI's promise (one build for every torch
