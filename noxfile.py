@@ -238,9 +238,10 @@ def cuda(session):
 
 # The emulated GPU the cuda_emulated session runs on: 3 multiprocessors of one 8-thread block, so
 # 24 threads share every launch and the grid-stride loops go round (rows cross strides at odd
-# sizes too), and the threads run in a shuffled order, a new one each launch, so that a result
-# depending on the order (a race on a GPU) differs.  The seed is fresh each run, printed, and
-# LLTM_CUDA_EMULATE_SEED=N repeats it.
+# sizes too), and the threads run in a shuffled order, a new one each launch and after each
+# barrier, so that a result depending on the order (a race on a GPU) differs.  The persistent
+# kernel's clusters take their size from the sequence, not from these.  The seed is fresh each
+# run, printed, and LLTM_CUDA_EMULATE_SEED=N repeats it.
 CUDA_EMULATION = {
     "LLTM_CUDA_EMULATE_MULTIPROCESSORS": "3",
     "LLTM_CUDA_EMULATE_BLOCKS_PER_MULTIPROCESSOR": "1",
@@ -252,8 +253,10 @@ CUDA_EMULATION = {
 @_session
 def cuda_emulated(session):
     """lltm-cuda's own kernels and host code on the CPU: its .cu sources compiled as C++ with every
-    launch run serially (LLTM_CUDA_EMULATE=1, the test-only backend cuda_emulated), then the kit in
-    every dtype lltm-cuda declares, lltm-cuda's tests that need no device, and the planted defects.
+    GPU thread a fiber (LLTM_CUDA_EMULATE=1, the test-only backend cuda_emulated), then the kit in
+    every dtype lltm-cuda declares, the kit's sequence comparisons with each sequence path forced
+    (the persistent kernel over clusters of 1, 2, 4 and 8 blocks, and per step), lltm-cuda's tests
+    that need no device (the emulator's own, the launch count flat in T), and the planted defects.
 
     Then torch in the same venv becomes the newer TORCH_CUDA (2.14.1) and the library built on
     TORCH_CPU (2.13.0) runs again, not rebuilt: the stable ABI's promise (one build for every torch
@@ -273,7 +276,20 @@ def cuda_emulated(session):
     session.env.update({**CUDA_EMULATION, "LLTM_CUDA_EMULATE_SEED": seed, "LLTM_CUDA_TEST_EMULATED": "1",
                         "LLTM_CUDA_TEST_AOTI": "1"})
     session.run("lltm", "info")
+    # The default choice: the persistent kernel over a cluster of 8 where W_h fits, per step elsewhere.
     _pytest(session, "--pyargs", "lltm_core.testing", "--lltm-backend", "cuda_emulated")
+    # Each path forced, over the kit's sequence comparisons (the cases whose W_h fits a block, in the
+    # three dtypes the persistent kernel takes): clusters of 1, 2, 4 and 8 blocks, and per step.
+    for path, cluster in (("persistent", "1"), ("persistent", "2"), ("persistent", "4"), ("persistent", "8"),
+                          ("per-step", "0")):
+        session.log(f"the kit's sequence comparisons with LLTM_CUDA_SEQUENCE={path} LLTM_CUDA_CLUSTER={cluster}")
+        session.env.update({"LLTM_CUDA_SEQUENCE": path, "LLTM_CUDA_CLUSTER": cluster})
+        _pytest(session, "--pyargs", "lltm_core.testing.test_sequence", "--lltm-backend", "cuda_emulated",
+                "--lltm-dtype", "float32", "--lltm-dtype", "bfloat16", "--lltm-dtype", "float16",
+                "-k", "(lltm_sequence_matches or layer_matches or inference) and not S1031 and not float64")
+    for name in ("LLTM_CUDA_SEQUENCE", "LLTM_CUDA_CLUSTER"):
+        del session.env[name]
+    # The emulator's own tests, the persistent path's (launch count flat in T) and the planted defects.
     _pytest(session, str(ROOT / "backends/lltm_cuda/tests"))
     # pip replaces torch only: lltm-cuda-emulated stays as built, against the older torch.
     session.install(TORCH_CUDA)

@@ -1,19 +1,26 @@
 #!/usr/bin/env bash
-# Every GPU check of lltm-cuda in one run, sized for one device call (about 8 minutes):
-# install lltm-core and lltm-ref from this tree and lltm-cuda either from a wheel built elsewhere
-# (LLTM_CUDA_WHEEL: its library is on torch's stable ABI, so a wheel built with a newer torch of
-# the same CUDA major loads on the machine's, and no device time goes on nvcc) or, without one,
-# built here against the machine's torch (with whatever CUDA_HOME the machine has: unset,
-# setup.py finds the toolkit itself, as for a user),
-# run the conformance kit (the cell and the sequence) on CUDA in all four dtypes, lltm-cuda's
-# own GPU tests, an AOTInductor package of its operators (a crash there rerun under cuda-gdb for
-# its native backtrace), and benchmarks/bench_gpu.py: the sequence against cuDNN's nn.LSTM (with
-# the CUDA-graph launch-cost measurement, and contract v3's inference: a torch.no_grad() forward
-# against nn.LSTM's and the peak GPU memory it adds), benchmarks/profile_gpu.py (which kernels
-# take the sequence's time), then the cell.
-# The kit and lltm-cuda's tests check v3 too (needs_backward=False, the inference memory bound).
+# Every GPU check of lltm-cuda in one run, sized for one device call (at most 8 minutes), the most
+# important first, each step time-boxed, a failure recorded and the run going on:
+#   1. the cost of a kernel boundary (benchmarks/kernel_boundary.py, torch alone, nothing built):
+#      a chain of 2000 dependent tiny kernels eager and from one CUDA graph, an empty kernel plus a
+#      synchronise, with the SM clock sampled during the runs;
+#   2. install lltm-core and lltm-ref from this tree and lltm-cuda either from a wheel built
+#      elsewhere (LLTM_CUDA_WHEEL: its library is on torch's stable ABI, so a wheel built with a
+#      newer torch of the same CUDA major loads on the machine's, and no device time goes on nvcc)
+#      or, without one, built here against the machine's torch (setup.py finds the toolkit);
+#   3. lltm-cuda's persistent and per-step sequence paths against cuDNN's nn.LSTM, as ratios in one
+#      process (benchmarks/persistent_vs_cudnn.py);
+#   4. the conformance kit with the persistent path forced (three dtypes), then with the default
+#      choice (four dtypes);
+#   5. compute-sanitizer racecheck and synccheck on a small sequence (benchmarks/small_sequence.py);
+#   6. profiler tables and traces of lltm-cuda's and nn.LSTM's sequence, with cuDNN's kernel names
+#      (benchmarks/profile_gpu.py; traces under $OUT/traces);
+#   7. lltm-triton's kit, then the AOTInductor package of lltm-cuda's operators (a crash there rerun
+#      under cuda-gdb for its native backtrace);
+#   8. what time is left: lltm-cuda's GPU tests, benchmarks/bench_gpu.py (sequence, then cell),
+#      lltm-triton's own tests and benchmark.
 # What the emulated build (nox -s cuda_emulated) already checks on the CPU, this need not debug:
-# it is here for what only the device shows (cuBLAS, streams, real concurrency, alignment traps).
+# it is here for what only the device shows (timing, cuBLAS, real concurrency, alignment traps).
 #
 #   OUT=/some/dir bash benchmarks/gpu_check.sh      (from anywhere; OUT defaults to a temp dir)
 #
@@ -129,19 +136,36 @@ checks() {
         triton_checks
         return
     fi
+    # First, before anything is built: what a kernel boundary costs here.
+    step kernel-boundary 75 "$PYTHON" benchmarks/kernel_boundary.py --markdown "$STEP_LOGS/boundary.md" || true
     # Without the three packages nothing else can run.  The last line names the build installed.
     step build 200 bash -c '"$0" -m pip install "$@" && "$0" -c "from lltm_cuda import _build_info as b
 print(\"lltm-cuda built with torch\", b.TORCH_VERSION, \"for torch\", \".\".join(map(str, b.TARGET_TORCH)), \"and newer, CUDA\", b.CUDA_VERSION,
       \"arch\", b.ARCH_LIST, \"with the CUDA toolkit at\", b.CUDA_HOME)"' \
         "$PYTHON" "${site_args[@]}" --no-build-isolation --no-deps --no-index . ./backends/lltm_ref "$(cuda_dist)" \
         || return 1
+    step persistent-vs-cudnn 100 "$PYTHON" benchmarks/persistent_vs_cudnn.py \
+        --markdown "$STEP_LOGS/bench_persistent.md" || true
+    # The persistent path forced: every kit case it takes (not float64, nor S1031, whose W_h does not fit).
+    LLTM_CUDA_SEQUENCE=persistent step kit-persistent 90 "$PYTHON" -m pytest -p no:cacheprovider -q -rs \
+        --pyargs lltm_core.testing --lltm-backend cuda --lltm-device cuda --lltm-seed "$LLTM_SEED" \
+        --lltm-dtype float32 --lltm-dtype float16 --lltm-dtype bfloat16 -k "not S1031 and not float64" || true
     step conformance-kit 150 "$PYTHON" -m pytest -p no:cacheprovider -q -rs --pyargs lltm_core.testing \
         --lltm-backend cuda --lltm-device cuda --lltm-seed "$LLTM_SEED" \
         --lltm-dtype float32 --lltm-dtype float64 --lltm-dtype float16 --lltm-dtype bfloat16 || true
-    # On the GPU machine, lltm-cuda failing to load is an error, not a skip.
-    LLTM_REQUIRE_GPU=$([[ -n $NO_GPU ]] && echo 0 || echo 1) \
-        step gpu-tests 120 "$PYTHON" -m pytest -p no:cacheprovider -q -rs backends/lltm_cuda/tests \
-        --lltm-seed "$LLTM_SEED" || true
+    local sanitizer tool
+    sanitizer=$(command -v compute-sanitizer || echo "${CUDA_HOME:-/usr/local/cuda}/bin/compute-sanitizer")
+    for tool in racecheck synccheck; do
+        if [[ -x $sanitizer ]]; then
+            step "sanitizer-$tool" 60 "$sanitizer" --tool "$tool" --error-exitcode 1 --kernel-name kns=persistent \
+                "$PYTHON" benchmarks/small_sequence.py || true
+        else
+            RESULTS+=("| sanitizer-$tool | not run: no compute-sanitizer at $sanitizer | 0 | |")
+        fi
+    done
+    # Which kernels take the sequence's time (cuDNN's names too), and traces to open in Perfetto.
+    step profile 60 "$PYTHON" benchmarks/profile_gpu.py --top 5 --traces "$OUT/traces" || true
+    triton_checks kit
     # lltm-cuda's operators exported (dynamic batch and time) and compiled by AOTInductor into a
     # package that calls them, run at other sizes against lltm-ref.
     if ! LLTM_CUDA_TEST_AOTI=1 step aoti 120 "$PYTHON" -m pytest -p no:cacheprovider -q -rs \
@@ -164,13 +188,15 @@ print(\"lltm-cuda built with torch\", b.TORCH_VERSION, \"for torch\", \".\".join
             --args "$PYTHON" -m pytest -p no:cacheprovider -q backends/lltm_cuda/tests/test_export.py \
             -k "aoti_package and float32" --lltm-seed "$LLTM_SEED" || true
     fi
+    # On the GPU machine, lltm-cuda failing to load is an error, not a skip.
+    LLTM_REQUIRE_GPU=$([[ -n $NO_GPU ]] && echo 0 || echo 1) \
+        step gpu-tests 120 "$PYTHON" -m pytest -p no:cacheprovider -q -rs backends/lltm_cuda/tests \
+        --lltm-seed "$LLTM_SEED" || true
     # The sequence first: it is bounded (about a minute); the cell's torch.compile is what may overrun.
     step benchmark-sequence 120 "$PYTHON" benchmarks/bench_gpu.py --part sequence \
         --markdown "$STEP_LOGS/bench_sequence.md" || true
-    # Which kernels take the sequence's time, and whether the host keeps the GPU waiting.
-    step profile 60 "$PYTHON" benchmarks/profile_gpu.py --top 5 || true
     step benchmark-cell 150 "$PYTHON" benchmarks/bench_gpu.py --part cell --markdown "$STEP_LOGS/bench_cell.md" || true
-    triton_checks
+    triton_checks rest
 }
 
 # --- lltm-triton ----------------------------------------------------------------------------
@@ -184,7 +210,23 @@ print(\"lltm-cuda built with torch\", b.TORCH_VERSION, \"for torch\", \".\".join
 # TF32 on both sides and IEEE on both sides.  Alone and with DRY_RUN=1 on a CPU-only torch (this
 # section's cheap dry run: no 5.5 GB CUDA torch), lltm-cuda is not built and its tests do not run;
 # lltm-triton's own tests then run under Triton's interpreter.
+# triton_checks kit: the build and the kit; triton_checks rest: the tests and the benchmark; no
+# argument: all of it.
 triton_checks() {
+    local part=${1:-all}
+    if [[ $part != rest ]]; then
+        triton_build_and_kit || return 1
+    fi
+    [[ $part == kit ]] && return 0
+    # On the GPU: compiled for it, and test_gpu.py's skip is an error.  Without one: the interpreter.
+    LLTM_REQUIRE_GPU=$([[ -n $NO_GPU ]] && echo 0 || echo 1) TRITON_INTERPRET=$([[ -n $NO_GPU ]] && echo 1 || echo 0) \
+        step triton-tests 150 "$PYTHON" -m pytest -p no:cacheprovider -q -rs backends/lltm_triton/tests \
+        --lltm-seed "$LLTM_SEED" || true
+    step triton-benchmark 150 "$PYTHON" benchmarks/bench_triton.py --markdown "$STEP_LOGS/bench_triton.md" || true
+    [[ ${RESULTS[*]} != *FAIL* ]]
+}
+
+triton_build_and_kit() {
     local dists=(./backends/lltm_triton)
     if [[ ${GPU_CHECK_ONLY:-} == triton ]]; then
         dists=(. ./backends/lltm_ref ./backends/lltm_triton)
@@ -200,12 +242,6 @@ print(\"triton\", triton.__version__, \"| lltm-triton:\", lltm_triton.unavailabl
     step triton-kit 180 "$PYTHON" -m pytest -p no:cacheprovider -q -rs --pyargs lltm_core.testing \
         --lltm-backend triton --lltm-device cuda --lltm-seed "$LLTM_SEED" \
         --lltm-dtype float32 --lltm-dtype float64 --lltm-dtype float16 --lltm-dtype bfloat16 || true
-    # On the GPU: compiled for it, and test_gpu.py's skip is an error.  Without one: the interpreter.
-    LLTM_REQUIRE_GPU=$([[ -n $NO_GPU ]] && echo 0 || echo 1) TRITON_INTERPRET=$([[ -n $NO_GPU ]] && echo 1 || echo 0) \
-        step triton-tests 150 "$PYTHON" -m pytest -p no:cacheprovider -q -rs backends/lltm_triton/tests \
-        --lltm-seed "$LLTM_SEED" || true
-    step triton-benchmark 150 "$PYTHON" benchmarks/bench_triton.py --markdown "$STEP_LOGS/bench_triton.md" || true
-    [[ ${RESULTS[*]} != *FAIL* ]]
 }
 
 REPORT_HEAD=()  # the report's first lines: computed once (python and nvidia-smi take seconds)
@@ -228,11 +264,17 @@ report() {
     echo "| step | result | seconds | last line |"
     echo "| --- | --- | --- | --- |"
     printf '%s\n' "${RESULTS[@]}"
+    if [[ -f $STEP_LOGS/boundary.md ]]; then
+        printf '\n## The cost of a kernel boundary (benchmarks/kernel_boundary.py)\n\n'
+        cat "$STEP_LOGS/boundary.md"
+    fi
     local part
-    for part in sequence cell triton; do
+    for part in persistent sequence cell triton; do
         if [[ -f $STEP_LOGS/bench_$part.md ]]; then
             echo
-            if [[ $part == triton ]]; then
+            if [[ $part == persistent ]]; then
+                echo "## lltm-cuda's sequence paths against cuDNN's nn.LSTM (benchmarks/persistent_vs_cudnn.py)"
+            elif [[ $part == triton ]]; then
                 echo "## Benchmark: lltm-triton (benchmarks/bench_triton.py)"
             else
                 echo "## Benchmark: the $part (benchmarks/bench_gpu.py --part $part)"
@@ -242,7 +284,7 @@ report() {
         fi
     done
     local log
-    for log in profile aoti-backtrace; do
+    for log in profile sanitizer-racecheck sanitizer-synccheck aoti-backtrace; do
         if [[ -f $STEP_LOGS/$log.log ]]; then
             printf '\n## %s\n\n```\n' "$log"
             tail -n 80 "$STEP_LOGS/$log.log"

@@ -7,15 +7,20 @@ call; then the host time per call beside the device time, which tells a host-bou
 waiting for launches) from a slow kernel, and the SM clock just after (a GPU that waits between
 short kernels may not boost).  Run from the repository root on a CUDA machine::
 
-    python benchmarks/profile_gpu.py [--sizes small large] [--dtypes float32 bfloat16] [--top 6]
+    python benchmarks/profile_gpu.py [--sizes small large] [--dtypes float32 bfloat16] [--top 6] [--traces DIR]
+
+--traces DIR also writes each profile as a Chrome trace (open it in Perfetto), one file per size,
+dtype and candidate.
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import torch
 
@@ -25,7 +30,7 @@ from lltm_core.testing import make_sequence_inputs
 SIZES = {"small": (64, 16, 32, 128), "large": (64, 256, 1024, 1024)}  # (T, B, I, S), bench_gpu.py's
 
 
-def kernel_table(fn, calls: int, top: int) -> list[str]:
+def kernel_table(fn, calls: int, top: int, trace: Path | None = None) -> list[str]:
     from torch.profiler import ProfilerActivity, profile
 
     for _ in range(3):
@@ -36,6 +41,8 @@ def kernel_table(fn, calls: int, top: int) -> list[str]:
         for _ in range(calls):
             fn()
         torch.cuda.synchronize()
+    if trace is not None:
+        prof.export_chrome_trace(str(trace))
     kernels = {}
     for event in prof.events():
         if event.device_type == torch.autograd.DeviceType.CUDA:
@@ -81,6 +88,7 @@ def main() -> int:
     parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
     parser.add_argument("--calls", type=int, default=5)
     parser.add_argument("--top", type=int, default=6)
+    parser.add_argument("--traces", type=Path, help="write each profile's Chrome trace into this folder")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("profile_gpu.py: no CUDA device: nothing to profile")
@@ -105,7 +113,11 @@ def main() -> int:
                 host, device = host_and_device_ms(fn)
                 print(f"\nT{T} B{B} I{I} S{S} {str(dtype)[6:]} {name}: host {host:.3f} ms to launch a call, "
                       f"{device:.3f} ms device time per call (events)")
-                print("\n".join(kernel_table(fn, args.calls, args.top)), flush=True)
+                trace = None
+                if args.traces is not None:
+                    args.traces.mkdir(parents=True, exist_ok=True)
+                    trace = args.traces / (re.sub(r"[^A-Za-z0-9]+", "_", f"T{T}_B{B}_I{I}_S{S}_{dtype}_{name}") + ".json")
+                print("\n".join(kernel_table(fn, args.calls, args.top, trace)), flush=True)
                 print(f"  {sm_clock()}", flush=True)
     return 0
 

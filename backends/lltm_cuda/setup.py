@@ -21,9 +21,9 @@ TORCH_CUDA_ARCH_LIST picks the GPU architectures (default: Ampere and Hopper,
 plus PTX that newer GPUs compile at load time).
 
 LLTM_CUDA_EMULATE=1 builds instead the test-only emulated library: the same csrc/ sources
-compiled as C++ for the CPU (csrc/cuda/lltm_runtime.cuh runs each launch as a serial loop over
-the grid), as the distribution lltm-cuda-emulated, package lltm_cuda_emulated (this lltm_cuda
-package's own files), backend cuda_emulated on CPU tensors.  It needs only a CPU build of torch
+compiled as C++ for the CPU (csrc/emulation/lltm_emulator.h runs each GPU thread of a launch as a
+fiber, barriers and clusters included), as the distribution lltm-cuda-emulated, package
+lltm_cuda_emulated (this lltm_cuda package's own files), backend cuda_emulated on CPU tensors.  It needs only a CPU build of torch
 and a C++ compiler; lltm-cuda's tests and the conformance kit run on it (`nox -s cuda_emulated`).
 It is never part of a user's install.
 """
@@ -60,10 +60,12 @@ def build_info(arch_list: str, cuda_home: str = "", emulated: bool = False, cuda
 
 
 # The sources of both builds: the emulated one reaches the same .cu files through csrc/emulation/*.cpp.
-KERNEL_HEADERS = ["csrc/cuda/lltm_common.cuh", "csrc/cuda/lltm_runtime.cuh"]
-KERNEL_SOURCES = ["csrc/cuda/lltm_kernels.cu", "csrc/cuda/lltm_sequence.cu"]
+KERNEL_HEADERS = ["csrc/cuda/lltm_common.cuh", "csrc/cuda/lltm_runtime.cuh", "csrc/cuda/lltm_persistent.cuh",
+                  "csrc/emulation/lltm_emulator.h"]
+KERNEL_SOURCES = ["csrc/cuda/lltm_kernels.cu", "csrc/cuda/lltm_sequence.cu", "csrc/cuda/lltm_persistent.cu"]
 EMULATED_SOURCES = ["csrc/emulation/lltm_kernels.cpp", "csrc/emulation/lltm_sequence.cpp",
-                    "csrc/emulation/emulation_ops.cpp"]
+                    "csrc/emulation/lltm_persistent.cpp",
+                    "csrc/emulation/emulation_ops.cpp", "csrc/emulation/emulator_probes.cpp"]
 
 
 def main_emulated() -> None:

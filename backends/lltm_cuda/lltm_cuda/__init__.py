@@ -14,8 +14,8 @@ instead of crashing.
 
 The same package is also the test-only emulated build (``LLTM_CUDA_EMULATE=1`` at build time,
 see setup.py): installed as ``lltm_cuda_emulated``, its library is these very kernels compiled
-for the CPU with every launch run serially, and it declares the backend ``cuda_emulated`` on CPU
-tensors.  Its build records ``EMULATED = True``.
+for the CPU with every thread of a launch a fiber (csrc/emulation/lltm_emulator.h), and it
+declares the backend ``cuda_emulated`` on CPU tensors.  Its build records ``EMULATED = True``.
 """
 
 from __future__ import annotations
@@ -28,7 +28,8 @@ import torch
 
 from . import _build_info
 
-__all__ = ["saved_layout", "sequence_saved_layout", "library_path", "unavailable_reason", "load_backend"]
+__all__ = ["saved_layout", "sequence_saved_layout", "library_path", "unavailable_reason", "load_backend",
+           "sequence_path"]
 
 #: Whether this is the emulated build (the kernels on the CPU, for lltm-cuda's tests).
 EMULATED = getattr(_build_info, "EMULATED", False)
@@ -176,6 +177,32 @@ def unavailable_reason() -> str | None:
     return None
 
 
+# torch's ScalarType numbers, which the library's C function takes.
+_SCALAR_TYPES = {torch.float16: 5, torch.float32: 6, torch.float64: 7, torch.bfloat16: 15}
+
+
+def sequence_path(dtype: torch.dtype, batch: int, state_size: int, device: int = 0) -> tuple[str, int, str]:
+    """Which path a sequence call of these sizes takes on cuda:``device``, as the library decides it
+    (csrc/cuda/lltm_persistent.cu, plan_sequence): ``("persistent", cluster blocks, why)`` or
+    ``("per-step", 1, why)``.  LLTM_CUDA_SEQUENCE and LLTM_CUDA_CLUSTER force a choice; a forced
+    choice that cannot run raises RuntimeError, as the call would."""
+    import ctypes
+
+    reason = unavailable_reason()
+    if reason is not None:
+        raise RuntimeError(f"{DISTRIBUTION} cannot run here: {reason}")
+    variant = os.environ.get(ENV_EMULATED_LIBRARY) if EMULATED else None
+    plan = ctypes.CDLL(variant or library_path()).lltm_cuda_sequence_plan
+    plan.restype = ctypes.c_int
+    plan.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_char_p, ctypes.c_size_t]
+    why = ctypes.create_string_buffer(1024)
+    cluster = plan(device, _SCALAR_TYPES[dtype], batch, state_size, why, len(why))
+    text = why.value.decode()
+    if cluster < 0:
+        raise RuntimeError(text)
+    return ("persistent", cluster, text) if cluster > 0 else ("per-step", 1, text)
+
+
 def load_backend():
     from lltm_core.backend import Backend
     from lltm_core.extension import unavailable_kernel
@@ -190,11 +217,12 @@ def load_backend():
         forward = backward = sequence_forward = sequence_backward = unavailable_kernel("cuda", reason)
     if EMULATED:
         name, devices, priority = "cuda_emulated", {"cpu"}, -1  # test-only: under lltm-ref (0), it runs when named
-        description = (f"lltm-cuda's kernels compiled for the CPU, every launch run serially (test-only; "
+        description = (f"lltm-cuda's kernels compiled for the CPU, every GPU thread a fiber (test-only; "
                        f"stable ABI for torch >= {_target()}, built with {_build_info.TORCH_VERSION})")
     else:
         name, devices, priority = "cuda", {"cuda"}, 100
-        description = (f"fused CUDA kernels + cuBLAS (stable ABI for torch >= {_target()}, "
+        description = (f"fused CUDA kernels + cuBLAS, a sequence's time loop in one launch where W_h fits on chip "
+                       f"(python -m lltm_cuda --explain T,B,I,S) (stable ABI for torch >= {_target()}, "
                        f"CUDA {_cuda_major(_build_info.CUDA_VERSION)}, arch {_build_info.ARCH_LIST}; built with "
                        f"torch {_build_info.TORCH_VERSION})")
     return Backend(

@@ -3,8 +3,11 @@
 Each defect is one edit of csrc/ (the exact text must be there once, or this test fails and asks
 to be updated).  The edited copy is built as an emulated library (only the sequence kernels and the
 operator schemas: the sequence tests below need no more), and the conformance kit's sequence tests
-run on it through cuda_emulated (LLTM_CUDA_EMULATED_LIBRARY).  Each must fail where the defect is,
-naming what is wrong, and pass where it is not; the untouched sources pass the same tests.
+run on it through cuda_emulated (LLTM_CUDA_EMULATED_LIBRARY), on the path the defect is in
+(LLTM_CUDA_SEQUENCE).  Each must fail where the defect is, naming what is wrong, and pass where it
+is not; the untouched sources pass the same tests.  The persistent kernel's defects are races a GPU
+would show only sometimes: the emulator's barriers and NaN-filled shared memory make them fail every
+time, in any thread order.
 
 Runs on the emulated build (`nox -s cuda_emulated`); elsewhere it skips, saying so.
 """
@@ -29,6 +32,12 @@ CSRC = Path(__file__).resolve().parents[1] / "csrc"
 # The kit's tests of whole sequences, in the dtypes that take both kernel paths at the kit's sizes.
 KIT = ["--pyargs", "lltm_core.testing.test_sequence", "--lltm-backend", "cuda_emulated",
        "--lltm-dtype", "float64", "--lltm-dtype", "float32", "-k", "lltm_sequence_matches or layer_matches"]
+PER_STEP = {"LLTM_CUDA_SEQUENCE": "per-step"}
+# The persistent path in float32 over a cluster of two blocks (so a block has a peer), every case
+# whose W_h fits a block.
+PERSISTENT_KIT = ["--pyargs", "lltm_core.testing.test_sequence", "--lltm-backend", "cuda_emulated",
+                  "--lltm-dtype", "float32", "-k", "(lltm_sequence_matches or layer_matches) and not S1031"]
+PERSISTENT = {"LLTM_CUDA_SEQUENCE": "persistent", "LLTM_CUDA_CLUSTER": "2"}
 
 
 @dataclass(frozen=True)
@@ -40,11 +49,13 @@ class Defect:
     fails: str  # a regex every failing test id matches, and at least one does
     must_fail: tuple[str, ...]  # test ids (their [...] part) that must fail
     says: str  # what the kit's message must name
+    kit: tuple[str, ...] = tuple(KIT)
+    env: tuple[tuple[str, str], ...] = tuple(PER_STEP.items())  # the path the defect is in
 
 
 DEFECTS = [
     Defect(
-        "lengths-mask-off-by-one", "lltm_sequence.cu",
+        "lengths-mask-off-by-one", "lltm_common.cuh",
         "return lengths == nullptr || step < lengths[row];",
         "return lengths == nullptr || step <= lengths[row];",
         fails=r"-lengths-|packed-unsorted",
@@ -73,6 +84,22 @@ DEFECTS = [
         says=r"lltm_sequence on cuda_emulated, reverse=True, lengths=None: relative error above [0-9.e-]+ in "
              r"\{'grad_weights'",
     ),
+    # The persistent kernel's races: each fails every case (every case runs the kernel).
+    *(Defect(name, "lltm_persistent.cu", old, new, fails=r".", must_fail=tuple(f"float32-{m}" for m in must_fail),
+             says=r"lltm_sequence on cuda_emulated, reverse=False, lengths=None: relative error above [0-9.e-]+ in "
+                  r"\{'" + first_wrong, kit=tuple(PERSISTENT_KIT), env=tuple(PERSISTENT.items()))
+      for name, old, new, must_fail, first_wrong in [
+          ("persistent-missing-syncthreads",
+           "    rt::sync_threads();  // every unit's d_gates in dg_s before the partial product reads them\n", "",
+           ("full-forward", "lengths-reverse", "odd-sizes"), "grad_input"),
+          ("persistent-single-h-buffer", "const int next = 1 - current;", "const int next = current;",
+           ("full-forward", "full-reverse", "T1"), "output"),
+          ("persistent-wrong-peer-rank", "rt::map_shared_rank(h_next, peer)[at] = new_h;",
+           "rt::map_shared_rank(h_next, rank)[at] = new_h;", ("full-forward", "lengths-forward", "odd-sizes"), "output"),
+          ("persistent-missing-cluster-barrier",
+           "    // h_t complete in every block before any reads it; and no block leaves while peers write to it.\n"
+           "    rt::cluster_sync();\n", "", ("full-forward", "full-reverse", "lengths-reverse"), "output"),
+      ]),
 ]
 
 # Built as setup.py builds the emulated library: the same stable-ABI flags (its CXX_FLAGS).
@@ -104,7 +131,8 @@ def variants(tmp_path_factory):
         name = "lltm_cuda_defect_" + defect.name.replace("-", "_")
         build_dir = root / defect.name / "build"
         build_dir.mkdir()
-        sources = [str(tree / "lltm.cpp"), str(tree / "emulation" / "lltm_sequence.cpp")]
+        sources = [str(tree / "lltm.cpp"), str(tree / "emulation" / "lltm_sequence.cpp"),
+                   str(tree / "emulation" / "lltm_persistent.cpp")]
         process = subprocess.Popen([sys.executable, "-c", _BUILD, name, str(build_dir), *sources],
                                    env={**os.environ, "MAX_JOBS": "1"}, stdout=subprocess.PIPE,
                                    stderr=subprocess.STDOUT, text=True)
@@ -117,24 +145,25 @@ def variants(tmp_path_factory):
     return libraries
 
 
-def _kit(library: Path | None) -> tuple[int, str]:
-    env = {**os.environ}
+def _kit(library: Path | None, kit=tuple(KIT), path=tuple(PER_STEP.items())) -> tuple[int, str]:
+    env = {**os.environ, **dict(path)}
     env.pop(lltm_cuda_emulated.ENV_EMULATED_LIBRARY, None)
     if library is not None:
         env[lltm_cuda_emulated.ENV_EMULATED_LIBRARY] = str(library)
-    run = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rf", *KIT],
+    run = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rf", *kit],
                          capture_output=True, text=True, env=env, timeout=900)
     return run.returncode, run.stdout + run.stderr
 
 
-def test_the_sources_as_they_are_pass():
-    code, out = _kit(None)
+@pytest.mark.parametrize("path", ["per-step", "persistent"])
+def test_the_sources_as_they_are_pass(path):
+    code, out = _kit(None) if path == "per-step" else _kit(None, tuple(PERSISTENT_KIT), tuple(PERSISTENT.items()))
     assert code == 0, out
 
 
 @pytest.mark.parametrize("defect", DEFECTS, ids=[d.name for d in DEFECTS])
 def test_the_kit_catches_and_names_the_defect(variants, defect):
-    code, out = _kit(variants[defect.name])
+    code, out = _kit(variants[defect.name], defect.kit, defect.env)
     failed = re.findall(r"^FAILED \S+?\[cuda_emulated-([^\]]+)\]", out, flags=re.MULTILINE)
     assert code == 1 and failed, f"{defect.name}: the kit did not fail (exit {code}):\n{out}"
     for test_id in defect.must_fail:

@@ -135,6 +135,17 @@ __device__ __forceinline__ int64_t gate_offset(int64_t e, int64_t state_size) {
   return e + 2 * (e / state_size) * state_size;
 }
 
+// Whether row `row` takes part in step `step`: with lengths, only steps t < lengths[row] do (in
+// either direction; reversed, a row starts at its own last step).  A vector never crosses a row;
+// the per-step and the persistent sequence kernels both ask it.
+__device__ __forceinline__ bool takes_part(const int64_t* lengths, int64_t row, int64_t step) {
+  return lengths == nullptr || step < lengths[row];
+}
+
+inline const int64_t* lengths_ptr(const std::optional<Tensor>& lengths) {
+  return lengths.has_value() ? lengths->const_data_ptr<int64_t>() : nullptr;
+}
+
 // What grid_size() asks the runtime, per device (multiprocessors) and per device and kernel
 // (occupancy): fixed for the life of the process, so asked once each, not on every step.
 struct GridCache {

@@ -1,19 +1,27 @@
 // Everything lltm-cuda's kernels and host code touch that differs between the real build (nvcc,
 // a GPU) and the emulated one (the same .cu files compiled as C++ for the CPU, with
 // LLTM_CUDA_EMULATE defined): the kernel launch, the few runtime queries, the stream, the device
-// guard, the device check and the two GEMMs.  Nothing else in csrc/ may name a CUDA runtime call or use <<<>>>:
-// a kernel is launched only through launch() below, so the emulation runs exactly what a GPU runs.
+// guard, the device check, the two GEMMs, and the device functions a kernel uses to cooperate
+// (barriers, shared memory, warp shuffles and votes, atomics, the cluster).  Nothing else in csrc/
+// may name a CUDA runtime call, <<<>>>, __syncthreads, __shared__ or a cooperative group: a kernel
+// reaches them only through rt:: below, so the emulation runs exactly what a GPU runs.
 //
-// The emulation runs a launch as a serial loop over every block and every thread of the grid,
-// with blockIdx, threadIdx, blockDim and gridDim set for each.  That is exact for these kernels
-// (grid-stride loops, no shared memory, no block synchronisation, no atomics), and the order of
-// the threads is settable, so any dependence between threads (a race on a GPU) changes a result.
+// The emulation (csrc/emulation/lltm_emulator.h) runs every thread of a launch as a fiber that
+// switches out at each barrier, a cluster of blocks at a time, with blockIdx, threadIdx, blockDim
+// and gridDim set for each; the order in which ready threads resume is settable, so any dependence
+// between threads that no barrier orders (a race on a GPU) changes a result.
 // Its knobs, read once per process (see emulation_settings()):
 //   LLTM_CUDA_EMULATE_MULTIPROCESSORS      multiprocessors of the emulated GPU (default 4)
 //   LLTM_CUDA_EMULATE_BLOCKS_PER_MULTIPROCESSOR  the occupancy every kernel gets (default 2)
 //   LLTM_CUDA_EMULATE_THREADS_PER_BLOCK    threads per block (default 256, the real build's)
-//   LLTM_CUDA_EMULATE_ORDER                forward | reverse | shuffle (default forward)
+//   LLTM_CUDA_EMULATE_ORDER                forward | reverse | shuffle (default forward): the order of
+//                                          the clusters, and of the threads at the start and after
+//                                          every barrier
 //   LLTM_CUDA_EMULATE_SEED                 the shuffle's seed (default 0); each launch reshuffles
+//   LLTM_CUDA_EMULATE_SHARED_PER_BLOCK     shared memory a block may use, in bytes (default 232448,
+//                                          the 227 KB opt-in limit of an H100/H200)
+//   LLTM_CUDA_EMULATE_CLUSTERS             1: the device launches clusters (sm_90), 0: it does not
+//                                          (sm_80) (default 1)
 // Small grids make the grid-stride loops go round more than once, as big inputs do on a GPU.
 #pragma once
 
@@ -43,9 +51,12 @@
 #endif
 #include <torch/csrc/inductor/aoti_torch/c/shim.h>
 #include <torch/csrc/inductor/aoti_torch/generated/c_shim_cuda.h>
+#include <cooperative_groups.h>
 #include <cuda_runtime.h>
 
 #define LLTM_CUDA_DISPATCH_KEY CUDA
+// A static shared array: the emulation gives each block its own (see below).
+#define LLTM_SHARED(type, name, count) __shared__ type name[count]
 
 namespace lltm_cuda::rt {
 
@@ -107,11 +118,102 @@ void launch(void (*kernel)(Params...), int64_t blocks, int threads, Stream strea
   check_cuda(cudaGetLastError(), "a kernel launch");
 }
 
+// Whether `device` launches thread-block clusters (sm_90 on), and the shared memory one block may
+// opt in to (227 KB on an H100/H200).
+inline bool launches_clusters(int device) {
+  int yes = 0;
+  check_cuda(cudaDeviceGetAttribute(&yes, cudaDevAttrClusterLaunch, device), "cudaDeviceGetAttribute");
+  return yes != 0;
+}
+
+inline size_t shared_per_block(int device) {
+  int bytes = 0;
+  check_cuda(cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device),
+             "cudaDeviceGetAttribute");
+  return size_t(bytes);
+}
+
+// A launch of clusters of `cluster` blocks with `shared_bytes` of dynamic shared memory a block.
+struct ClusterLaunch {
+  const char* name;  // the kernel's, for errors
+  int64_t blocks;
+  int threads;
+  int cluster;
+  size_t shared_bytes;
+};
+
+template <typename... Params, typename... Args>
+void launch(void (*kernel)(Params...), const ClusterLaunch& shape, Stream stream, Args&&... args) {
+  // Above 48 KB a kernel must opt in to more dynamic shared memory, above 8 blocks to a larger cluster.
+  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(shape.shared_bytes)),
+             shape.name);
+  if (shape.cluster > 8) {
+    check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1), shape.name);
+  }
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(unsigned(shape.blocks));
+  config.blockDim = dim3(unsigned(shape.threads));
+  config.dynamicSmemBytes = shape.shared_bytes;
+  config.stream = stream;
+  cudaLaunchAttribute attribute[1];
+  if (shape.cluster > 1) {
+    attribute[0].id = cudaLaunchAttributeClusterDimension;
+    attribute[0].val.clusterDim.x = unsigned(shape.cluster);
+    attribute[0].val.clusterDim.y = 1;
+    attribute[0].val.clusterDim.z = 1;
+    config.attrs = attribute;
+    config.numAttrs = 1;
+  }
+  check_cuda(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...), shape.name);
+}
+
+// ---- Device functions ----------------------------------------------------------------------------
+__device__ __forceinline__ void sync_threads() { __syncthreads(); }
+
+// The dynamic shared memory of the launch, 16-byte aligned.
+template <typename T>
+__device__ __forceinline__ T* dynamic_shared() {
+  extern __shared__ __align__(16) unsigned char lltm_dynamic_shared_bytes[];
+  return reinterpret_cast<T*>(lltm_dynamic_shared_bytes);
+}
+
+template <typename T>
+__device__ __forceinline__ T shfl_sync(unsigned mask, T value, int lane) { return __shfl_sync(mask, value, lane); }
+template <typename T>
+__device__ __forceinline__ T shfl_xor_sync(unsigned mask, T value, int lane_mask) {
+  return __shfl_xor_sync(mask, value, lane_mask);
+}
+__device__ __forceinline__ unsigned ballot_sync(unsigned mask, bool predicate) { return __ballot_sync(mask, predicate); }
+__device__ __forceinline__ bool all_sync(unsigned mask, bool predicate) { return __all_sync(mask, predicate); }
+__device__ __forceinline__ bool any_sync(unsigned mask, bool predicate) { return __any_sync(mask, predicate); }
+template <typename T>
+__device__ __forceinline__ T atomic_add(T* address, T value) { return atomicAdd(address, value); }
+
+// The cluster: on sm_90 the hardware's; compiled for an older GPU a kernel runs as a cluster of one
+// (the host launches it so there), so the same source compiles for sm_80.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+__device__ __forceinline__ unsigned cluster_rank() { return cooperative_groups::this_cluster().block_rank(); }
+__device__ __forceinline__ unsigned cluster_blocks() { return cooperative_groups::this_cluster().num_blocks(); }
+__device__ __forceinline__ void cluster_sync() { cooperative_groups::this_cluster().sync(); }
+template <typename T>
+__device__ __forceinline__ T* map_shared_rank(T* p, unsigned rank) {
+  return cooperative_groups::this_cluster().map_shared_rank(p, rank);
+}
+#else
+__device__ __forceinline__ unsigned cluster_rank() { return 0; }
+__device__ __forceinline__ unsigned cluster_blocks() { return 1; }
+__device__ __forceinline__ void cluster_sync() { __syncthreads(); }
+template <typename T>
+__device__ __forceinline__ T* map_shared_rank(T* p, unsigned) { return p; }
+#endif
+
 }  // namespace lltm_cuda::rt
 
 #else  // LLTM_CUDA_EMULATE: the same sources as C++ on the CPU
 
 #include <torch/csrc/inductor/aoti_torch/generated/c_shim_cpu.h>
+
+#include "../emulation/lltm_emulator.h"
 
 #include <algorithm>
 #include <atomic>
@@ -130,12 +232,9 @@ void launch(void (*kernel)(Params...), int64_t blocks, int threads, Stream strea
 
 #define LLTM_CUDA_DISPATCH_KEY CPU
 
-struct dim3 {
-  unsigned int x = 1, y = 1, z = 1;
-};
-// What a kernel reads to know which thread it is: set by launch() before each thread runs.
-// thread_local: two host threads may each run an emulated launch at once.
-inline thread_local dim3 blockIdx, threadIdx, blockDim, gridDim;
+// A static shared array: a pointer into the block's arena, the same in every thread of the block.
+#define LLTM_SHARED(type, name, count) \
+  type* const name = static_cast<type*>(::lltm_cuda::rt::emu::static_shared(sizeof(type) * (count), alignof(type)))
 
 namespace lltm_cuda::rt {
 
@@ -161,12 +260,14 @@ inline void mm_out(const torch::stable::Tensor& out, const torch::stable::Tensor
   STABLE_TORCH_ERROR_CODE_CHECK(aoti_torch_cpu_mm_out(out.get(), self.get(), mat2.get()));
 }
 
-enum class Order { kForward, kReverse, kShuffle };
+using emu::Order;
 
 struct Settings {
   int multiprocessors, blocks_per_multiprocessor, threads_per_block;
   Order order;
   uint64_t seed;
+  size_t shared_per_block;
+  bool clusters;
 };
 
 inline int64_t env_int(const char* name, int64_t fallback, int64_t lowest, int64_t highest) {
@@ -187,6 +288,8 @@ inline Settings read_settings() {
   s.blocks_per_multiprocessor = int(env_int("LLTM_CUDA_EMULATE_BLOCKS_PER_MULTIPROCESSOR", 2, 1, 1 << 16));
   s.threads_per_block = int(env_int("LLTM_CUDA_EMULATE_THREADS_PER_BLOCK", 256, 1, 1024));
   s.seed = uint64_t(env_int("LLTM_CUDA_EMULATE_SEED", 0, 0, INT64_MAX));
+  s.shared_per_block = size_t(env_int("LLTM_CUDA_EMULATE_SHARED_PER_BLOCK", 232448, 0, 1 << 30));
+  s.clusters = env_int("LLTM_CUDA_EMULATE_CLUSTERS", 1, 0, 1) == 1;
   const char* order = std::getenv("LLTM_CUDA_EMULATE_ORDER");
   const std::string o = order ? order : "";
   if (o.empty() || o == "forward") {
@@ -237,30 +340,120 @@ inline void check_vector_aligned(const void* p) {
               "-byte vector access at ", p, " is not ", alignof(V), "-byte aligned: the GPU would trap here");
 }
 
+inline bool launches_clusters(int /*device*/) { return emulation_settings().clusters; }
+inline size_t shared_per_block(int /*device*/) { return emulation_settings().shared_per_block; }
+
+struct ClusterLaunch {
+  const char* name;
+  int64_t blocks;
+  int threads;
+  int cluster;
+  size_t shared_bytes;
+};
+
+// Every launch: the grid run by the emulator's scheduler, a new thread order each launch (the same
+// sequence of orders for a seed).
 template <typename... Params, typename... Args>
-void launch(void (*kernel)(Params...), int64_t blocks, int threads, Stream, Args&&... args) {
+void launch(void (*kernel)(Params...), const ClusterLaunch& shape, Stream, Args&&... args) {
   const Settings& s = emulation_settings();
-  STD_TORCH_CHECK(blocks >= 1 && blocks <= INT32_MAX && threads >= 1 && threads <= 1024,
-              "lltm-cuda (emulated): invalid launch configuration, ", blocks, " blocks of ", threads, " threads");
-  const int64_t total = blocks * threads;
-  std::vector<int64_t> order(static_cast<size_t>(total));
-  std::iota(order.begin(), order.end(), int64_t(0));
-  if (s.order == Order::kReverse) {
-    std::reverse(order.begin(), order.end());
-  } else if (s.order == Order::kShuffle) {
-    // A new order for every launch, the same sequence of orders for a seed.
-    std::mt19937_64 rng(s.seed * 0x9E3779B97F4A7C15ull + uint64_t(counters().launches.load()));
-    std::shuffle(order.begin(), order.end(), rng);
-  }
+  STD_TORCH_CHECK(shape.blocks >= 1 && shape.blocks <= INT32_MAX && shape.threads >= 1 && shape.threads <= 1024 &&
+                      shape.cluster >= 1 && shape.cluster <= 16,
+                  "lltm-cuda (emulated): invalid launch configuration of ", shape.name, ", ", shape.blocks,
+                  " blocks of ", shape.threads, " threads in clusters of ", shape.cluster);
+  STD_TORCH_CHECK(shape.cluster == 1 || s.clusters, "lltm-cuda (emulated): kernel ", shape.name,
+                  " launched in clusters of ", shape.cluster, " on a device without clusters (LLTM_CUDA_EMULATE_CLUSTERS=0)");
+  const uint64_t seed = s.seed * 0x9E3779B97F4A7C15ull + uint64_t(counters().launches.load());
   ++counters().launches;
-  gridDim = dim3{unsigned(blocks), 1, 1};
-  blockDim = dim3{unsigned(threads), 1, 1};
-  for (const int64_t thread : order) {
-    blockIdx = dim3{unsigned(thread / threads), 0, 0};
-    threadIdx = dim3{unsigned(thread % threads), 0, 0};
-    kernel(args...);
-  }
-  counters().threads_run += total;
+  auto body = [&] { kernel(args...); };
+  emu::run_grid(shape.name, body, unsigned(shape.blocks), unsigned(shape.threads), unsigned(shape.cluster),
+                shape.shared_bytes, s.shared_per_block, s.order, seed);
+  counters().threads_run += shape.blocks * shape.threads;
+}
+
+template <typename... Params, typename... Args>
+void launch(void (*kernel)(Params...), int64_t blocks, int threads, Stream stream, Args&&... args) {
+  launch(kernel, ClusterLaunch{"a pointwise kernel", blocks, threads, 1, 0}, stream, std::forward<Args>(args)...);
+}
+
+// ---- Device functions (see the real build's above) ---------------------------------------------
+inline void sync_threads() { emu::arrive(emu::Wait::kBlock); }
+inline void cluster_sync() { emu::arrive(emu::Wait::kCluster); }
+inline unsigned cluster_rank() { return emu::cluster_rank(); }
+inline unsigned cluster_blocks() { return emu::cluster_blocks(); }
+
+template <typename T>
+T* dynamic_shared() {
+  return static_cast<T*>(emu::dynamic_shared());
+}
+
+template <typename T>
+T* map_shared_rank(T* p, unsigned rank) {
+  return static_cast<T*>(emu::map_shared_rank(p, rank));
+}
+
+template <typename T>
+uint64_t to_slot(T value) {
+  static_assert(sizeof(T) <= sizeof(uint64_t), "a warp shuffle moves at most 8 bytes");
+  uint64_t slot = 0;
+  std::memcpy(&slot, &value, sizeof(T));
+  return slot;
+}
+
+template <typename T>
+T from_slot(uint64_t slot) {
+  T value;
+  std::memcpy(&value, &slot, sizeof(T));
+  return value;
+}
+
+// The lanes of a warp must all take part (a full warp, or every lane a partial last warp has).
+inline void check_full_mask(unsigned mask) {
+  STD_TORCH_CHECK(mask == 0xFFFFFFFFu, "lltm-cuda (emulated): kernel ", emu::launch_state().name,
+                  ": a warp operation with a partial mask, which the emulation does not model");
+}
+
+template <typename T>
+T shfl_sync(unsigned mask, T value, int lane) {
+  check_full_mask(mask);
+  return from_slot<T>(emu::warp_exchange(to_slot(value), [&](const uint64_t* slots, unsigned lanes, unsigned) {
+    return slots[unsigned(lane) % lanes];
+  }));
+}
+
+template <typename T>
+T shfl_xor_sync(unsigned mask, T value, int lane_mask) {
+  check_full_mask(mask);
+  return from_slot<T>(emu::warp_exchange(to_slot(value), [&](const uint64_t* slots, unsigned lanes, unsigned own) {
+    const unsigned source = own ^ unsigned(lane_mask);
+    return slots[source < lanes ? source : own];
+  }));
+}
+
+inline unsigned ballot_sync(unsigned mask, bool predicate) {
+  check_full_mask(mask);
+  return unsigned(emu::warp_exchange(predicate, [](const uint64_t* slots, unsigned lanes, unsigned) {
+    uint64_t bits = 0;
+    for (unsigned l = 0; l < lanes; ++l) {
+      bits |= (slots[l] != 0 ? 1ull : 0ull) << l;
+    }
+    return bits;
+  }));
+}
+
+inline bool all_sync(unsigned mask, bool predicate) {
+  const unsigned lanes = std::min<unsigned>(emu::kWarpSize, blockDim.x - threadIdx.x / emu::kWarpSize * emu::kWarpSize);
+  const unsigned everyone = lanes == 32 ? 0xFFFFFFFFu : (1u << lanes) - 1;
+  return ballot_sync(mask, predicate) == everyone;
+}
+
+inline bool any_sync(unsigned mask, bool predicate) { return ballot_sync(mask, predicate) != 0; }
+
+// A thread switches only at a barrier, so a read-modify-write is atomic as it stands.
+template <typename T>
+T atomic_add(T* address, T value) {
+  const T old = *address;
+  *address = old + value;
+  return old;
 }
 
 }  // namespace lltm_cuda::rt

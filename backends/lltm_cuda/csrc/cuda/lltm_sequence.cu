@@ -1,7 +1,10 @@
 // CUDA implementations of lltm_cuda::sequence_forward and lltm_cuda::sequence_backward: one LLTM
 // layer in one direction over T steps, the time loop in C++ (never a Python frame per step).
+// plan_sequence (lltm_persistent.cu) chooses between the persistent kernels there (the loop in one
+// launch, W_h on chip) and the per-step path here; the projection before the loop and the
+// gradients' GEMMs after it are this file's for both.
 //
-// The algorithm is lltm-ref's (backends/lltm_ref): with X_t = [h_{t-1} | x_t] and W = [W_h | W_x],
+// The per-step algorithm is lltm-ref's (backends/lltm_ref): with X_t = [h_{t-1} | x_t] and W = [W_h | W_x],
 //   forward:  gates = x W_x^T + b for all T*B rows in one GEMM; then per step one GEMM
 //             gates[t] += h W_h^T, in place in step t's slice, and ONE fused pointwise kernel;
 //   backward: per step ONE fused pointwise kernel (d_gates[t], and the cell's gradient) and one
@@ -20,6 +23,7 @@
 // The cell state and its gradient run from step to step in float for float16/bfloat16 (they never
 // meet a GEMM, so their type is free), rounded once at the end: T roundings fewer than storing them.
 #include "lltm_common.cuh"
+#include "lltm_persistent.cuh"
 
 #include <torch/csrc/stable/library.h>
 
@@ -30,12 +34,6 @@
 namespace {
 
 using namespace lltm_cuda;
-
-// Whether row `row` takes part in step `step`: with lengths, only steps t < lengths[row] do (in
-// either direction; reversed, a row starts at its own last step).  A vector never crosses a row.
-__device__ __forceinline__ bool takes_part(const int64_t* lengths, int64_t row, int64_t step) {
-  return lengths == nullptr || step < lengths[row];
-}
 
 // One forward step over the (B, S) elements.  gates is step t's slice (GEMMs done), h and cell the
 // running state (read, then overwritten), output and tanh_cell step t's slices; tanh_cell is null
@@ -155,10 +153,6 @@ void check_lengths(const char* op, const std::optional<Tensor>& lengths, const T
 // thousand rows keep the GEMM efficient, and the (chunk, B, 3S) buffer small beside the output.
 constexpr int64_t kInferenceChunkRows = 2048;
 
-const int64_t* lengths_ptr(const std::optional<Tensor>& lengths) {
-  return lengths.has_value() ? lengths->const_data_ptr<int64_t>() : nullptr;
-}
-
 // A fresh (B, S) copy of `t` in the type the cell state runs in (float for the half types).
 Tensor opmath_copy(const Tensor& t) { return ops::copy_as(t, opmath_scalar_type(t.scalar_type())); }
 
@@ -194,41 +188,55 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> lltm_sequence_forward_cuda(
   const Tensor cell = opmath_copy(c0);
   const int64_t numel = B * S;
   const rt::Stream stream = rt::current_stream(device);
+  // Projects the chunk of steps that starts at step k (in the order they run) into gates[0..n);
+  // returns the step whose gates sit at gates[0].
+  auto project = [&](int64_t k) {
+    const int64_t n = std::min(chunk, T - k);
+    const int64_t first = reverse ? T - k - n : k;
+    const Tensor chunk_gates = torch::stable::view(ops::narrow(gates, 0, 0, n), {n * B, 3 * S});
+    rt::addmm_out(chunk_gates, bias, torch::stable::view(ops::narrow(input, 0, first, n), {n * B, I}), w_x_t);
+    return first;
+  };
 
-  LLTM_CUDA_DISPATCH_FLOATING(dtype, op, [&] {
-    using opmath_t = opmath_type<scalar_t>;
-    // Every per-step slice starts a multiple of B*S (or B*3S) elements past its tensor's start, so
-    // the bases decide the vector path for all steps at once.
-    scalar_t* const tanh_cell_base = needs_backward ? tanh_cell.mutable_data_ptr<scalar_t>() : nullptr;
-    launch_pointwise<scalar_t>(
-        numel, S,
-        {buffer(gates.const_data_ptr<scalar_t>()), buffer(output.const_data_ptr<scalar_t>()),
-         buffer<scalar_t>(tanh_cell_base), buffer(h.const_data_ptr<scalar_t>()), buffer(cell.const_data_ptr<opmath_t>())},
-        [&](auto vec) {
-          constexpr int VEC = decltype(vec)::value;
-          const auto kernel = sequence_forward_step_kernel<scalar_t, VEC>;
-          const int64_t blocks = grid_size(kernel, numel / VEC, input.get_device());  // once, not per step
-          int64_t chunk_first = 0;  // the step whose gates sit at gates[0]
-          for (int64_t k = 0; k < T; ++k) {
-            const int64_t t = reverse ? T - 1 - k : k;
-            if (k % chunk == 0) {  // project the next chunk of steps, in the order they run
-              const int64_t n = std::min(chunk, T - k);
-              chunk_first = reverse ? t - n + 1 : t;
-              const Tensor chunk_gates = torch::stable::view(ops::narrow(gates, 0, 0, n), {n * B, 3 * S});
-              rt::addmm_out(chunk_gates, bias, torch::stable::view(ops::narrow(input, 0, chunk_first, n), {n * B, I}),
-                            w_x_t);
+  const SequencePlan plan = plan_sequence(device, dtype, B, S);
+  if (plan.persistent) {
+    for (int64_t k = 0; k < T; k += chunk) {  // one launch for the whole loop when all steps are projected
+      const int64_t first = project(k);
+      persistent_forward(plan, {weights, gates, h, cell, output, needs_backward ? std::optional<Tensor>(tanh_cell) : std::nullopt,
+                                lengths, T, k, std::min(T, k + chunk), first, reverse, needs_backward});
+    }
+  } else {
+    LLTM_CUDA_DISPATCH_FLOATING(dtype, op, [&] {
+      using opmath_t = opmath_type<scalar_t>;
+      // Every per-step slice starts a multiple of B*S (or B*3S) elements past its tensor's start, so
+      // the bases decide the vector path for all steps at once.
+      scalar_t* const tanh_cell_base = needs_backward ? tanh_cell.mutable_data_ptr<scalar_t>() : nullptr;
+      launch_pointwise<scalar_t>(
+          numel, S,
+          {buffer(gates.const_data_ptr<scalar_t>()), buffer(output.const_data_ptr<scalar_t>()),
+           buffer<scalar_t>(tanh_cell_base), buffer(h.const_data_ptr<scalar_t>()), buffer(cell.const_data_ptr<opmath_t>())},
+          [&](auto vec) {
+            constexpr int VEC = decltype(vec)::value;
+            const auto kernel = sequence_forward_step_kernel<scalar_t, VEC>;
+            const int64_t blocks = grid_size(kernel, numel / VEC, input.get_device());  // once, not per step
+            int64_t chunk_first = 0;  // the step whose gates sit at gates[0]
+            for (int64_t k = 0; k < T; ++k) {
+              const int64_t t = reverse ? T - 1 - k : k;
+              if (k % chunk == 0) {
+                chunk_first = project(k);
+              }
+              // contiguous (B, 3S): a GEMM output as it is
+              const Tensor step_gates = ops::select0(gates, t - chunk_first);
+              rt::addmm_out(step_gates, step_gates, h, w_h_t);
+              rt::launch(kernel, blocks, rt::threads_per_block(), stream, step_gates.const_data_ptr<scalar_t>(),
+                         h.mutable_data_ptr<scalar_t>(), cell.mutable_data_ptr<opmath_t>(),
+                         output.mutable_data_ptr<scalar_t>() + t * numel,
+                         tanh_cell_base == nullptr ? nullptr : tanh_cell_base + t * numel, lengths_ptr(lengths), t,
+                         numel, S);
             }
-            // contiguous (B, 3S): a GEMM output as it is
-            const Tensor step_gates = ops::select0(gates, t - chunk_first);
-            rt::addmm_out(step_gates, step_gates, h, w_h_t);
-            rt::launch(kernel, blocks, rt::threads_per_block(), stream, step_gates.const_data_ptr<scalar_t>(),
-                       h.mutable_data_ptr<scalar_t>(), cell.mutable_data_ptr<opmath_t>(),
-                       output.mutable_data_ptr<scalar_t>() + t * numel,
-                       tanh_cell_base == nullptr ? nullptr : tanh_cell_base + t * numel, lengths_ptr(lengths), t,
-                       numel, S);
-          }
-        });
-  });
+          });
+    });
+  }
   if (!needs_backward) {
     return {output, h, as_dtype_of(cell, input), ops::empty({0}, dtype, input), tanh_cell};  // tanh_cell is empty too
   }
@@ -265,38 +273,45 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> lltm_sequence_backward_cuda(
   const rt::DeviceGuard device_guard(device);
   const Tensor w_h = ops::narrow(weights, 1, 0, S);  // (3S, S), strided: cuBLAS reads it as it is
   const Tensor d_gates = ops::empty_like(gates);
-  const Tensor grad_h = ops::copy_as(grad_h_n, grad_h_n.scalar_type());  // running; grad_h0 when the loop ends
+  const SequencePlan plan = plan_sequence(device, input.scalar_type(), B, S);
+  // running; grad_h0 when the loop ends (in float for the half types on the persistent path)
+  Tensor grad_h = plan.persistent ? opmath_copy(grad_h_n) : ops::copy_as(grad_h_n, grad_h_n.scalar_type());
   const Tensor grad_cell = opmath_copy(grad_c_n);
   const int64_t numel = B * S;
   const rt::Stream stream = rt::current_stream(device);
 
-  LLTM_CUDA_DISPATCH_FLOATING(input.scalar_type(), op, [&] {
-    using opmath_t = opmath_type<scalar_t>;
-    launch_pointwise<scalar_t>(
-        numel, S,
-        {buffer(grad_output.const_data_ptr<scalar_t>()), buffer(gates.const_data_ptr<scalar_t>()),
-         buffer(tanh_cell.const_data_ptr<scalar_t>()), buffer(grad_h.const_data_ptr<scalar_t>()),
-         buffer(grad_cell.const_data_ptr<opmath_t>()), buffer(d_gates.const_data_ptr<scalar_t>())},
-        [&](auto vec) {
-          constexpr int VEC = decltype(vec)::value;
-          const auto kernel = sequence_backward_step_kernel<scalar_t, VEC>;
-          const int64_t blocks = grid_size(kernel, numel / VEC, input.get_device());
-          for (int64_t k = 0; k < T; ++k) {
-            const int64_t t = reverse ? k : T - 1 - k;  // the forward's steps, last first
-            const Tensor step_d_gates = ops::select0(d_gates, t);
-            rt::launch(kernel, blocks, rt::threads_per_block(), stream,
-                       grad_output.const_data_ptr<scalar_t>() + t * numel,
-                       gates.const_data_ptr<scalar_t>() + 3 * t * numel, tanh_cell.const_data_ptr<scalar_t>() + t * numel,
-                       grad_h.mutable_data_ptr<scalar_t>(), grad_cell.mutable_data_ptr<opmath_t>(),
-                       step_d_gates.mutable_data_ptr<scalar_t>(), lengths_ptr(lengths), t, numel, S);
-            if (lengths.has_value()) {
-              rt::addmm_out(grad_h, grad_h, step_d_gates, w_h);  // see the kernel: rows that took part were zeroed
-            } else {
-              rt::mm_out(grad_h, step_d_gates, w_h);
+  if (plan.persistent) {
+    persistent_backward(plan, {weights, grad_output, gates, tanh_cell, grad_h, grad_cell, d_gates, lengths, reverse});
+    grad_h = as_dtype_of(grad_h, input);
+  } else {
+    LLTM_CUDA_DISPATCH_FLOATING(input.scalar_type(), op, [&] {
+      using opmath_t = opmath_type<scalar_t>;
+      launch_pointwise<scalar_t>(
+          numel, S,
+          {buffer(grad_output.const_data_ptr<scalar_t>()), buffer(gates.const_data_ptr<scalar_t>()),
+           buffer(tanh_cell.const_data_ptr<scalar_t>()), buffer(grad_h.const_data_ptr<scalar_t>()),
+           buffer(grad_cell.const_data_ptr<opmath_t>()), buffer(d_gates.const_data_ptr<scalar_t>())},
+          [&](auto vec) {
+            constexpr int VEC = decltype(vec)::value;
+            const auto kernel = sequence_backward_step_kernel<scalar_t, VEC>;
+            const int64_t blocks = grid_size(kernel, numel / VEC, input.get_device());
+            for (int64_t k = 0; k < T; ++k) {
+              const int64_t t = reverse ? k : T - 1 - k;  // the forward's steps, last first
+              const Tensor step_d_gates = ops::select0(d_gates, t);
+              rt::launch(kernel, blocks, rt::threads_per_block(), stream,
+                         grad_output.const_data_ptr<scalar_t>() + t * numel,
+                         gates.const_data_ptr<scalar_t>() + 3 * t * numel, tanh_cell.const_data_ptr<scalar_t>() + t * numel,
+                         grad_h.mutable_data_ptr<scalar_t>(), grad_cell.mutable_data_ptr<opmath_t>(),
+                         step_d_gates.mutable_data_ptr<scalar_t>(), lengths_ptr(lengths), t, numel, S);
+              if (lengths.has_value()) {
+                rt::addmm_out(grad_h, grad_h, step_d_gates, w_h);  // see the kernel: rows that took part were zeroed
+              } else {
+                rt::mm_out(grad_h, step_d_gates, w_h);
+              }
             }
-          }
-        });
-  });
+          });
+    });
+  }
 
   // d_W = d_gates^T [h_prev | x] over all T*B rows, written as its two column blocks (strided
   // views of grad_weights that cuBLAS writes as they are), so no (T, B, S+I) [h_prev | x] is built.

@@ -1,0 +1,44 @@
+// The persistent sequence path (lltm_persistent.cu): the whole time loop in one launch, W_h kept on
+// chip across a thread-block cluster.  lltm_sequence.cu asks plan_sequence() which path a call
+// takes and runs the persistent kernels through these functions.
+#pragma once
+
+#include "lltm_common.cuh"
+
+#include <optional>
+#include <string>
+
+namespace lltm_cuda {
+
+// Which path a sequence call takes, and why (lltm_cuda.sequence_path and the docs show it).
+struct SequencePlan {
+  bool persistent = false;
+  int cluster = 1;  // blocks of the cluster that splits the hidden units
+  std::string why;
+};
+
+// LLTM_CUDA_SEQUENCE (persistent | per-step | auto) and LLTM_CUDA_CLUSTER (1, 2, 4, 8, 16 or 0 for
+// the default) force a choice; a forced persistent path that cannot run is an error, never a fallback.
+SequencePlan plan_sequence(int device, ScalarType dtype, int64_t batch, int64_t state_size);
+
+// Steps k_begin..k_end-1 of the forward (step t = k, or T-1-k reversed) in one launch.  `gates`
+// holds the input projection of steps first_step.. (bias included) and leaves with the pre-activation
+// gates when store_gates; h (B, S) and cell (B, S, opmath) carry the state in and out.
+struct PersistentForward {
+  Tensor weights, gates, h, cell, output;
+  std::optional<Tensor> tanh_cell, lengths;
+  int64_t steps, k_begin, k_end, first_step;
+  bool reverse, store_gates;
+};
+void persistent_forward(const SequencePlan& plan, const PersistentForward& args);
+
+// The whole backward time loop in one launch: d_gates (T, B, 3S) out; grad_h and grad_cell (B, S,
+// opmath) carry the gradients of h_n and c_n in and those of h0 and c0 out.
+struct PersistentBackward {
+  Tensor weights, grad_output, gates, tanh_cell, grad_h, grad_cell, d_gates;
+  std::optional<Tensor> lengths;
+  bool reverse;
+};
+void persistent_backward(const SequencePlan& plan, const PersistentBackward& args);
+
+}  // namespace lltm_cuda

@@ -1,0 +1,151 @@
+"""The persistent sequence path (csrc/cuda/lltm_persistent.cu) on the emulated build: clusters of 1,
+2, 4 and 8 blocks against the reference in three dtypes, the launch count flat in T, a deterministic
+backward, and the choice of path (lltm_cuda.sequence_path, LLTM_CUDA_SEQUENCE, LLTM_CUDA_CLUSTER).
+
+Runs on the emulated build (`nox -s cuda_emulated`); elsewhere it skips, saying so.  The kit runs on
+this path too (the cuda_emulated session forces it); this file checks what the kit cannot see.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from _emulated import import_or_skip
+
+lltm_cuda_emulated = import_or_skip()
+import lltm_core  # noqa: E402
+from lltm_core.testing import make_sequence_inputs, max_rel_error, reference_sequence, tolerance  # noqa: E402
+
+assert lltm_cuda_emulated.unavailable_reason() is None, lltm_cuda_emulated.unavailable_reason()
+emulation = torch.ops.lltm_cuda_emulation
+pytestmark = pytest.mark.usefixtures("lltm_seed")
+
+
+@pytest.fixture
+def persistent(monkeypatch):
+    """Forces the persistent path; returns a setter for the cluster size (the library reads both per call)."""
+    monkeypatch.setenv("LLTM_CUDA_SEQUENCE", "persistent")
+    return lambda blocks: monkeypatch.setenv("LLTM_CUDA_CLUSTER", str(blocks))
+
+
+def _launches() -> int:
+    return emulation.counters()[2]
+
+
+def _run(inputs, lengths, reverse):
+    """output, h_n, c_n and every input's gradient through lltm_sequence on cuda_emulated."""
+    out = lltm_core.lltm_sequence(*inputs, lengths=lengths, reverse=reverse, backend="cuda_emulated")
+    grads = [torch.randn_like(t) for t in out]
+    torch.autograd.backward(out, grads)
+    got = [t.detach() for t in out] + [t.grad for t in inputs]
+    for t in inputs:
+        t.grad = None
+    return got, grads
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("blocks", [1, 2, 4, 8])
+def test_each_cluster_size_matches_the_reference(persistent, blocks, dtype):
+    """S = 13 splits unevenly over every cluster (8 blocks: five of two units, three of one); lengths
+    and reverse together take every branch of both kernels."""
+    persistent(blocks)
+    inputs = make_sequence_inputs(5, 3, 4, 13, dtype=dtype)
+    lengths = torch.tensor([5, 2, 4])
+    for reverse in (False, True):
+        got, grads = _run(inputs, lengths, reverse)
+        wide = [t.detach().double().requires_grad_() for t in inputs]
+        want = reference_sequence(*wide, lengths=lengths, reverse=reverse)
+        torch.autograd.backward(want, [g.double() for g in grads])
+        want = [t.detach() for t in want] + [t.grad for t in wide]
+        for name, g, w in zip(("output", "h_n", "c_n", "input", "weights", "bias", "h0", "c0"), got, want):
+            assert max_rel_error(g, w) <= tolerance(dtype), (name, blocks, reverse)
+
+
+def test_the_launch_count_does_not_grow_with_the_steps(persistent):
+    """One launch for the forward's time loop and one for the backward's, whatever T (the GEMMs
+    are torch's and not counted); the per-step path, for contrast, launches one kernel a step each way."""
+    persistent(4)
+    counts = {}
+    for steps in (2, 7, 19):
+        inputs = make_sequence_inputs(steps, 3, 4, 8)
+        before = _launches()
+        _run(inputs, None, False)
+        counts[steps] = _launches() - before
+    assert counts == {2: 2, 7: 2, 19: 2}, counts
+    os.environ["LLTM_CUDA_SEQUENCE"] = "per-step"  # the fixture restores it
+    before = _launches()
+    _run(make_sequence_inputs(7, 3, 4, 8), None, False)
+    assert _launches() - before == 2 * 7
+
+
+def test_the_backward_is_deterministic(persistent):
+    """The partial d_h of each block are summed in rank order: the same bits whatever order the
+    threads run in (each launch runs in a new order under LLTM_CUDA_EMULATE_ORDER=shuffle)."""
+    persistent(8)
+    inputs = make_sequence_inputs(6, 4, 3, 16)
+    first, grads = _run(inputs, None, True)
+    out = lltm_core.lltm_sequence(*inputs, reverse=True, backend="cuda_emulated")
+    torch.autograd.backward(out, grads)
+    for a, b in zip(first[3:], [t.grad for t in inputs]):
+        assert torch.equal(a, b)
+
+
+def test_inference_projects_in_chunks_and_keeps_the_state_across_launches(persistent):
+    """Without a backward the input is projected 2048 rows at a time: one launch a chunk, each
+    starting from the state the one before left."""
+    persistent(2)
+    inputs = make_sequence_inputs(700, 3, 2, 4, requires_grad=False)  # 2100 rows: two chunks
+    before = _launches()
+    with torch.no_grad():
+        got = lltm_core.lltm_sequence(*inputs, backend="cuda_emulated")
+    assert _launches() - before == 2
+    want = reference_sequence(*(t.double() for t in inputs))
+    for g, w in zip(got, want):
+        assert max_rel_error(g, w) <= tolerance(torch.float32)
+
+
+def test_the_default_choice_and_its_reasons(monkeypatch):
+    monkeypatch.delenv("LLTM_CUDA_SEQUENCE", raising=False)
+    monkeypatch.delenv("LLTM_CUDA_CLUSTER", raising=False)
+    path, blocks, why = lltm_cuda_emulated.sequence_path(torch.float32, 16, 128)
+    assert (path, blocks) == ("persistent", 8) and "over a cluster of 8 blocks" in why
+    assert lltm_cuda_emulated.sequence_path(torch.float32, 16, 3)[:2] == ("persistent", 2), "no block without a unit"
+    path, _, why = lltm_cuda_emulated.sequence_path(torch.float64, 16, 128)
+    assert path == "per-step" and "float64" in why
+    path, _, why = lltm_cuda_emulated.sequence_path(torch.bfloat16, 256, 1024)
+    assert path == "per-step" and "bytes of shared memory a block over a cluster of 8" in why
+    monkeypatch.setenv("LLTM_CUDA_SEQUENCE", "per-step")
+    assert lltm_cuda_emulated.sequence_path(torch.float32, 16, 128)[0] == "per-step"
+
+
+def test_a_forced_path_that_cannot_run_is_an_error_not_a_fallback(persistent):
+    with pytest.raises(RuntimeError, match="LLTM_CUDA_SEQUENCE=persistent, but the persistent kernel takes float32"):
+        lltm_cuda_emulated.sequence_path(torch.float64, 4, 8)
+    inputs = make_sequence_inputs(3, 2, 2, 1031)
+    with pytest.raises(RuntimeError, match="LLTM_CUDA_SEQUENCE=persistent, but W_h's rows and the state need"):
+        lltm_core.lltm_sequence(*inputs, backend="cuda_emulated")
+    persistent(3)
+    with pytest.raises(RuntimeError, match="LLTM_CUDA_CLUSTER=3: expected 1, 2, 4, 8, 16"):
+        lltm_cuda_emulated.sequence_path(torch.float32, 4, 8)
+
+
+def test_without_clusters_the_default_is_per_step_and_a_forced_cluster_of_one_runs():
+    """An sm_80-like device (LLTM_CUDA_EMULATE_CLUSTERS=0), in a child that reads its own settings."""
+    script = (
+        "import torch, lltm_cuda_emulated as m\n"
+        "assert m.sequence_path(torch.float32, 16, 128)[0] == 'per-step'\n"
+        "import os; os.environ['LLTM_CUDA_SEQUENCE'] = 'persistent'\n"
+        "assert m.sequence_path(torch.float32, 16, 64)[:2] == ('persistent', 1)\n"
+        "os.environ['LLTM_CUDA_CLUSTER'] = '2'\n"
+        "try:\n    m.sequence_path(torch.float32, 16, 64)\nexcept RuntimeError as e:\n    print(e)\n")
+    env = {**os.environ, "LLTM_CUDA_EMULATE_CLUSTERS": "0"}
+    for name in ("LLTM_CUDA_SEQUENCE", "LLTM_CUDA_CLUSTER"):
+        env.pop(name, None)
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert "LLTM_CUDA_CLUSTER=2 on a device without thread-block clusters" in run.stdout

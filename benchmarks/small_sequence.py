@@ -1,0 +1,48 @@
+"""A small sequence through lltm-cuda's persistent path, forward and backward, over clusters of 1, 2
+and 8 blocks, checked against lltm-ref: the payload of gpu_check.sh's compute-sanitizer steps
+(racecheck, synccheck), small so that the instrumented run takes seconds.
+
+    compute-sanitizer --tool racecheck python benchmarks/small_sequence.py
+
+Without a GPU it says so and exits 0.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import torch
+
+
+def main() -> int:
+    if not torch.cuda.is_available():
+        print("small_sequence.py: no CUDA device: nothing to run")
+        return 0
+    import lltm_core
+    from lltm_core.testing import make_sequence_inputs, max_rel_error, tolerance
+
+    os.environ["LLTM_CUDA_SEQUENCE"] = "persistent"
+    worst = 0.0
+    for cluster in ("1", "2", "8"):
+        os.environ["LLTM_CUDA_CLUSTER"] = cluster
+        inputs = make_sequence_inputs(5, 3, 4, 13, device="cuda")
+        lengths = torch.tensor([5, 2, 4], device="cuda")
+        for reverse in (False, True):
+            got = lltm_core.lltm_sequence(*inputs, lengths=lengths, reverse=reverse, backend="cuda")
+            torch.autograd.backward(got, [torch.ones_like(t) for t in got])
+            grads = [t.grad.clone() for t in inputs]
+            for t in inputs:
+                t.grad = None
+            want = lltm_core.lltm_sequence(*inputs, lengths=lengths, reverse=reverse, backend="ref")
+            torch.autograd.backward(want, [torch.ones_like(t) for t in want])
+            for g, w in zip([*got, *grads], [*want, *(t.grad for t in inputs)]):
+                worst = max(worst, max_rel_error(g.detach(), w.detach()))
+            for t in inputs:
+                t.grad = None
+    print(f"small_sequence.py: clusters 1, 2, 8, worst relative error {worst:.2e} (bound {tolerance(torch.float32)})")
+    return 0 if worst <= tolerance(torch.float32) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
