@@ -213,6 +213,16 @@ class Call(NamedTuple):
 Verdict = Union[bool, str]
 
 
+class Kernels(NamedTuple):
+    """A backend's kernels for one op (``Call.op``: "cell" or "sequence"), by name: ``Backend.kernels[op]``."""
+
+    forward: ForwardKernel
+    backward: BackwardKernel
+    saved_layout: Callable[..., Mapping[str, Shape]]
+    #: Whether ``forward`` takes ``needs_backward`` after its arguments (a version-3 sequence_forward).
+    takes_needs_backward: bool
+
+
 def always_available() -> str | None:
     """The default availability check: nothing to check."""
     return None
@@ -328,7 +338,14 @@ class Backend:
             raise bad("composite", "a bool")
         # Which sequence_forward signature to call: the newest version both sides speak.
         spoken = [v for v in self.interface_versions if v in SUPPORTED_INTERFACE_VERSIONS]
-        object.__setattr__(self, "_takes_needs_backward", bool(spoken) and max(spoken) >= CALL_INTERFACE_VERSION)
+        takes_needs_backward = bool(spoken) and max(spoken) >= CALL_INTERFACE_VERSION
+        kernels = {"cell": Kernels(self.forward, self.backward, self.saved_layout, False)}
+        if self.sequence_forward is not None:
+            kernels["sequence"] = Kernels(self.sequence_forward, self.sequence_backward, self.sequence_saved_layout,
+                                          takes_needs_backward)
+        object.__setattr__(self, "_takes_needs_backward", takes_needs_backward)
+        #: ``{op: Kernels}``: the kernels each op runs on (no "sequence" without sequence kernels).
+        object.__setattr__(self, "kernels", kernels)
 
     @property
     def takes_needs_backward(self) -> bool:
