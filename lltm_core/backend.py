@@ -118,9 +118,10 @@ is described by a :class:`Call`; a backend may set either or both of:
 Each returns ``True``, or ``False`` or a string (the reason, which ``lltm
 info --explain`` shows: "state_size 1024 > 256: W_h does not fit on chip").
 They must be cheap, deterministic functions of the Call: lltm-core memoizes
-the answers.  The selection rule is ``lltm_core._registry.rank`` and ``verdict``: a named
+the answers.  The selection rule is ``lltm_core._registry.rank`` and ``decide``: a named
 backend is asked ``can_run`` only; otherwise the first by priority for which
-both answers are True runs the call.  An answer that raises is a decline,
+both answers are True runs the call (or, with ``select_by_measurement()``, the
+fastest measured of those).  An answer that raises is a decline,
 reported in the trace, never an error of the call.
 
 A version-3 backend's ``sequence_forward`` takes one more argument,
