@@ -81,8 +81,9 @@ def gpu() -> GPU:
 @functools.cache
 def _device_facts(index: int) -> GPU:
     props = torch.cuda.get_device_properties(index)
+    # The opt-in limit is what a kernel may ask for (Triton's); a build without it has only the default.
     return GPU(props.name, props.multi_processor_count,
-               getattr(props, "shared_memory_per_block_optin", 0) or SHARED_BYTES)
+               getattr(props, "shared_memory_per_block_optin", props.shared_memory_per_block))
 
 
 def state_pad(S: int) -> int:
