@@ -65,8 +65,10 @@ def lltm_sequence(input, weights, bias, h0, c0, *, lengths=None, reverse=False, 
     if device_type == "meta":  # shape inference: no backend runs on meta
         return _ops.on_meta(SEQUENCE, (*args, lengths, reverse))
     needs = _ops.needs_autograd(*args)
-    chosen = _registry.choose(device_type, input.dtype, backend, Call("sequence", device_type, input.dtype, B, I, S, T,
-                                                                      needs))
+    chosen = _registry.choose(device_type, input.dtype, backend)
+    if chosen.declines_calls or _registry.measuring():  # the choice depends on the call: only then is it described
+        chosen = _registry.choose(device_type, input.dtype, backend, Call("sequence", device_type, input.dtype, B, I,
+                                                                          S, T, needs))
     if not chosen.has_sequence_kernels:
         log.debug("lltm_sequence: backend %s has no sequence kernels; looping its step kernels", chosen.name)
         return _loop_steps(chosen, *args, lengths, reverse)
