@@ -17,7 +17,7 @@ from . import _ops, _registry
 from ._cell import lltm
 from ._checks import check_sequence_args
 from ._ops import SEQUENCE
-from .backend import Backend, Call
+from .backend import Backend
 
 log = logging.getLogger("lltm_core")
 
@@ -52,8 +52,6 @@ def lltm_sequence(input, weights, bias, h0, c0, *, lengths=None, reverse=False, 
         lengths = lengths.to(device=input.device, dtype=torch.int64).contiguous()
         input = _without_padding(input, lengths, compiling)
     args = (input.contiguous(), weights.contiguous(), bias.contiguous(), h0.contiguous(), c0.contiguous())
-    T, B, I = input.shape
-    S = h0.shape[1]
     if compiling:
         from . import _trace  # imports torch._dynamo: on the first trace only (see _trace's docstring)
 
@@ -67,8 +65,8 @@ def lltm_sequence(input, weights, bias, h0, c0, *, lengths=None, reverse=False, 
     needs = _ops.needs_autograd(*args)
     chosen = _registry.choose(device_type, input.dtype, backend)
     if chosen.declines_calls or _registry.measuring():  # the choice depends on the call: only then is it described
-        chosen = _registry.choose(device_type, input.dtype, backend, Call("sequence", device_type, input.dtype, B, I,
-                                                                          S, T, needs))
+        chosen = _registry.choose(device_type, input.dtype, backend,
+                                  SEQUENCE.call(device_type, input.dtype, input, h0.shape[1], needs))
     if not chosen.has_sequence_kernels:
         log.debug("lltm_sequence: backend %s has no sequence kernels; looping its step kernels", chosen.name)
         return _loop_steps(chosen, *args, lengths, reverse)
