@@ -355,7 +355,7 @@ def inference_table(rounds: int) -> tuple[list[str], bool]:
 
 def selection_line() -> str:
     """ns per memoized select() of one call: the steady state of every lltm() and lltm_sequence() call."""
-    call = ("sequence", 16, 32, 128, 64, True)
+    call = lltm_core.Call("sequence", "cpu", torch.float32, 16, 32, 128, 64, True)
     n = 200_000
 
     def per_call() -> float:

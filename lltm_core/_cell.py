@@ -6,8 +6,9 @@ import math
 
 import torch
 
-from . import _autograd, _registry
+from . import _ops, _registry
 from ._checks import TorchSizeNames, check_lltm_args, layer_sizes
+from ._ops import CELL
 from .backend import Backend
 
 _compiling = torch.compiler.is_compiling
@@ -27,18 +28,23 @@ def lltm(input, weights, bias, old_h, old_cell, *, backend: str | Backend | None
         bias = bias.view(-1)
     tensors = (input.contiguous(), weights.contiguous(), bias.contiguous(), old_h.contiguous(), old_cell.contiguous())
     if _compiling():
-        from . import _trace  # on first trace only: see _trace's module docstring
+        from . import _trace  # imports torch._dynamo: on the first trace only (see _trace's docstring)
 
-        needs = torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
-        out = _trace.forward("cell", tensors, (), backend, needs)
+        out = _trace.forward(CELL, tensors, (), backend)
         return out[0], out[1]
     device_type = "cpu" if input.is_cpu else input.device.type  # .device builds an object: skip it for CPU
-    needs = _autograd.needs_autograd(input, weights, bias, old_h, old_cell)
+    if device_type == "meta":  # shape inference: no backend runs on meta
+        return _ops.on_meta(CELL, tensors)
+    needs = _ops.needs_autograd(*tensors)
     chosen = _registry.choose(device_type, input.dtype, backend)
-    if chosen.declines_calls:  # then the choice depends on the call: only then is it described
+    if chosen.declines_calls or _registry.measuring():  # the choice depends on the call: only then is it described
         chosen = _registry.choose(device_type, input.dtype, backend,
-                                  ("cell", input.shape[0], input.shape[1], old_h.shape[1], None, needs))
-    return _autograd.apply_eager(chosen, needs, *tensors)
+                                  CELL.call(device_type, input.dtype, input, old_h.shape[1], needs))
+    if needs:
+        return _ops.apply(CELL, chosen, *tensors)
+    # Nothing to differentiate: the kernels alone (no autograd node, no saved tensors kept).
+    out = chosen.forward(*tensors)
+    return out[0], out[1]
 
 
 class LLTM(TorchSizeNames, torch.nn.Module):

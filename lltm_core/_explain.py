@@ -1,4 +1,4 @@
-"""``explain(call)``: the trace of the choice for one call, from the rule itself (``_registry.rank``, ``verdict``).
+"""``explain(call)``: the trace of the choice for one call, from the rule itself (``_registry.rank``, ``decide``).
 
 No state of its own: it asks the rule afresh (answers come from the rule's
 memo), and says nothing in warnings, as ``lltm info --explain`` lists the
@@ -25,5 +25,5 @@ def explain(call: Call) -> list[TraceEntry]:
     name, source = _registry.requested()
     ranking = _registry.rank(call.device_type, call.dtype, name, source)
     if ranking.error and name is not None:
-        return [TraceEntry(name, "unavailable", ranking.error), *ranking.passed]
-    return _registry.trace(ranking, call)
+        return [TraceEntry(name, "unavailable", ranking.error), *ranking.passed_over]
+    return _registry.decide(ranking, call)[1]

@@ -1,8 +1,7 @@
 """Fake (meta) kernels of the contract's four kernels, built from a backend's saved layouts.
 
 One definition of the output shapes, used twice: by the fake kernels of
-lltm-core's own wrapper operators ``lltm::<name>_*`` (``_autograd``,
-``_sequence``) and by those a compiled backend registers on its own operators
+lltm-core's own wrapper operators ``lltm::<name>_*`` (``_ops``) and by those a compiled backend registers on its own operators
 (``lltm_core.extension.register_fake_kernels``).  The layouts only do
 arithmetic on their arguments, so the shapes may be symbolic.
 """

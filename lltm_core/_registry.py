@@ -1,11 +1,13 @@
-"""The selection rule: which backend runs a call, decided by :func:`rank` and :func:`verdict` alone.
+"""The selection rule: which backend runs a call, decided by :func:`rank` and :func:`decide` alone.
 
-``rank`` orders the backends that may take a device and dtype (or checks the
-one a user named); ``verdict`` asks one of them about one call (``can_run``,
-then ``should_run`` unless the user named it).  :func:`select` (every call)
-and :func:`lltm_core.explain` (the trace, ``_explain``) both walk ``rank``'s
-order with ``verdict``: the rule is written once.  Discovery and loading are
-``_discovery``'s, the warnings ``_notices``'s.
+The order, as networkx's backend dispatch has it: a backend the user named
+(``backend=``, ``use_backend()``, ``LLTM_BACKEND``) or nothing; else every
+available backend that takes the tensors' device and dtype, by priority
+(:func:`rank`).  Each is asked about the call (:attr:`Ranking.questions`: a
+named one only whether it *can* run it), and the first that says yes runs it
+(:func:`decide`).  :func:`select` (every call), :func:`lltm_core.explain` and
+the errors all take :func:`decide`'s answer: the rule is written once.
+Discovery and loading are ``_discovery``'s, the warnings ``_notices``'s.
 
 Module state (``refresh()`` resets it, with ``_discovery``'s and ``_notices``'s):
 
@@ -15,11 +17,14 @@ Module state (``refresh()`` resets it, with ``_discovery``'s and ``_notices``'s)
     win declines calls (then that is the whole choice); else the Ranking, to be
     asked per call.
 ``_call_choices``
-    ``(_choice_cache key, call tuple) -> Backend``: per-call choices; bounded
+    ``(_choice_cache key, Call) -> Backend``: per-call choices; bounded
     (``MEMO_SIZE``, oldest out first), since shapes vary in real training.
 ``_answers``
     ``(backend name, "can_run"/"should_run", Call) -> (yes, reason)``;
     bounded the same way.
+``_measured``
+    ``(shape class, the names timed) -> {backend name: seconds, or why it could not be timed}``:
+    the measured choice's timings, kept for the process; bounded the same way.
 ``_context_choice``
     The innermost ``use_backend()`` name, per thread and asyncio task.
 ``compile_hint``, ``compile_generation``
@@ -32,8 +37,9 @@ import contextlib
 import contextvars
 import logging
 import threading
+import warnings
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import torch
 
@@ -51,12 +57,13 @@ _context_choice: contextvars.ContextVar[str | None] = contextvars.ContextVar("ll
 # os.environ without guarding on it, so a compiled graph would otherwise keep
 # whatever backend was chosen when it was traced.  These two plain globals
 # change whenever the choice may: the innermost use_backend() name (of the
-# thread that entered a block last) and a count of refresh() calls.  Dynamo
+# thread that entered a block last) and a count of refresh() calls and
+# select_by_measurement() changes.  Dynamo
 # guards on their values, so entering or leaving a use_backend() block, or
 # refreshing, retraces.  Where they cannot tell (another thread's block,
 # LLTM_BACKEND or LLTM_DISABLE_BACKENDS changed after tracing), the compiled
 # operator checks the choice again when it runs and raises rather than run a
-# backend nobody chose (lltm_core._autograd).
+# backend nobody chose (lltm_core._ops.check_traced_choice).
 compile_hint: str | None = None
 compile_generation = 0
 
@@ -68,12 +75,33 @@ _answers: dict[tuple, tuple[bool, str]] = {}
 _env_backend = _discovery.env_backend
 _env_disabled = _discovery.env_disabled
 
+# The measured choice: select_by_measurement(), or LLTM_SELECT=measure, read once, here (not per
+# call like LLTM_BACKEND: the choice's cache key holds the setting, and a read costs on every call).
+ENV_SELECT = "LLTM_SELECT"
+_select_variable = _discovery.env_reader(ENV_SELECT)()
+_measure_setting: bool = _select_variable == "measure"
+if _select_variable not in (None, "", "measure"):
+    warnings.warn(f"{ENV_SELECT}={_select_variable!r} means nothing to lltm: its one value is 'measure' (choose "
+                  f"among the backends that accept a call by timing them); the choice stays by priority",
+                  stacklevel=2)
+_measured: dict[tuple, dict[str, float | str]] = {}
+#: ``time_backends(backends, call) -> {name: seconds per call, or "raised ..."}``: how the measured
+#: choice times the backends that accept a call.  lltm_core._measure sets it when lltm_core is
+#: imported: it runs the kernels through the public functions, which import this module.
+time_backends: Callable[[list, Call], dict[str, float | str]] | None = None
+
+
+def measuring() -> bool:
+    """Whether the choice among the backends that accept a call is made by timing them."""
+    return _measure_setting
+
 
 class TraceEntry(NamedTuple):
     """One backend's part in a choice, as :func:`lltm_core.explain` reports it."""
 
     name: str
-    #: "chosen", "declined", "lower priority", "not for this device/dtype", "unavailable" or "not asked".
+    #: "chosen", "declined", "lower priority", "slower" (measured), "not for this device/dtype", "unavailable"
+    #: or "not asked".
     verdict: str
     reason: str
 
@@ -84,9 +112,32 @@ class Ranking:
 
     backends: tuple[Backend, ...]  # best first; for a named request, that one backend
     source: str  # who named the backend, or "" when lltm-core chooses
-    passed: tuple[TraceEntry, ...]  # not asked: unavailable, disabled, not for these tensors, or not named
+    passed_over: tuple[TraceEntry, ...]  # not asked: unavailable, disabled, not for these tensors, or not named
     unavailable: tuple[BackendRecord, ...]  # installed but cannot run: named in a warning if one would have won
     error: str = ""  # why nothing can take these tensors (then backends is empty)
+    #: Whether the backends that accept a call are timed and the fastest runs it (never for a named backend).
+    measure: bool = False
+
+    @property
+    def questions(self) -> tuple[str, ...]:
+        """What each backend is asked about a call.
+
+        A backend the user named is asked only whether it *can* run the call:
+        ``should_run`` is its preference, and the user's choice overrides it.
+        """
+        return ("can_run",) if self.source else ("can_run", "should_run")
+
+    @property
+    def asks_per_call(self) -> bool:
+        """Whether the choice depends on the call: the first backend has a question to answer.
+
+        When it has none it says yes to every call, and the ones after it are never reached, unless
+        the choice is measured: then every backend that accepts the call is timed.
+        """
+        if self.measure and len(self.backends) > 1:
+            return True
+        first = self.backends[0]
+        return any(getattr(first, question) is not None for question in self.questions)
 
 
 def refresh() -> None:
@@ -105,6 +156,7 @@ def forget_choices() -> None:
         _choice_cache.clear()
         _call_choices.clear()
         _answers.clear()
+        _measured.clear()
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -152,25 +204,25 @@ def rank(device_type: str, dtype: torch.dtype, name: str | None, source: str) ->
                 f"`lltm info` shows which backend takes which tensors."))
         return Ranking((rec.backend,), source, others, ())
 
-    passed: list[TraceEntry] = []
+    passed_over: list[TraceEntry] = []
     candidates: list[Backend] = []
     unavailable: list[BackendRecord] = []
     for n in _discovery.installed_names():
         rec = _discovery.resolve(n)
         if not rec.available:
-            passed.append(TraceEntry(n, "unavailable", f"{rec.status}: {rec.reason}"))
+            passed_over.append(TraceEntry(n, "unavailable", f"{rec.status}: {rec.reason}"))
             if rec.status == "unavailable":
                 unavailable.append(rec)
             continue
         why_not = rec.backend.supports(device_type, dtype)
         if why_not is not None:
-            passed.append(TraceEntry(n, "not for this device/dtype", f"it {why_not}"))
+            passed_over.append(TraceEntry(n, "not for this device/dtype", f"it {why_not}"))
             continue
         candidates.append(rec.backend)
     candidates.sort(key=lambda b: (-b.priority, b.name))
     error = ""
     if not candidates:
-        lines = "\n  ".join(f"{t.name}: {t.reason}" for t in passed) or "no backends are installed"
+        lines = "\n  ".join(f"{t.name}: {t.reason}" for t in passed_over) or "no backends are installed"
         installed = set(_discovery.installed_names())
         hidden = sorted(_discovery.disabled_names() & installed)
         if "ref" not in installed:
@@ -180,15 +232,12 @@ def rank(device_type: str, dtype: torch.dtype, name: str | None, source: str) ->
         else:
             advice = "None of the installed backends takes these tensors (see why above); `lltm info` lists them."
         error = f"no lltm backend can take {what}.\n  {lines}\n{advice}"
-    return Ranking(tuple(candidates), "", tuple(passed), tuple(unavailable), error)
+    return Ranking(tuple(candidates), "", tuple(passed_over), tuple(unavailable), error, measure=measuring())
 
 
-def verdict(backend: Backend, call: Call, named: str) -> tuple[bool, str]:
-    """Whether ``backend`` runs ``call``: its ``can_run``, then (unless the user ``named`` it) its ``should_run``."""
-    ok, reason = _answer(backend, "can_run", call)
-    if ok and not named:
-        ok, reason = _answer(backend, "should_run", call)
-    return ok, reason
+def _named_object(backend: Backend) -> Ranking:
+    """The ranking of a :class:`Backend` object passed as ``backend=``: it alone, named."""
+    return Ranking((backend,), "a Backend passed as backend=", (), ())
 
 
 def _remember(memo: dict, key, value) -> None:
@@ -226,33 +275,93 @@ def _answer(backend: Backend, question: str, call: Call) -> tuple[bool, str]:
     return answer_and_reason
 
 
-def trace(ranking: Ranking, call: Call) -> list[TraceEntry]:
-    """Every backend, in the order the rule considers them, with its verdict on ``call``."""
+def _verdict(backend: Backend, questions: tuple[str, ...], call: Call) -> tuple[bool, str]:
+    """(yes, reason if no): ``backend``'s answers to ``questions`` about ``call``, the first no ending them."""
+    for question in questions:
+        ok, reason = _answer(backend, question, call)
+        if not ok:
+            return ok, reason
+    return True, ""
+
+
+def decide(ranking: Ranking, call: Call) -> tuple[Backend | None, list[TraceEntry]]:
+    """(the backend that runs ``call``, or None; the trace): the first in ``ranking`` that says yes.
+
+    Every backend in the order is asked (the answers are memoized), so that the
+    trace says of each one after the chosen whether it would have run the call;
+    the backends ``rank`` passed over follow, with why.  With ``ranking.measure``,
+    the backends that say yes are timed on the call's shape class (once per
+    process) and the fastest is the first.
+    """
+    verdicts = [(b, *_verdict(b, ranking.questions, call)) for b in ranking.backends]
+    accepting = [b for b, ok, _ in verdicts if ok]
+    times = _timings(accepting, call) if ranking.measure and len(accepting) > 1 else {}
+    timed = sorted((b for b in accepting if isinstance(times.get(b.name), float)), key=lambda b: times[b.name])
+    chosen = timed[0] if timed else accepting[0] if accepting else None
     judged: list[TraceEntry] = []
-    chosen = None
-    for b in ranking.backends:
-        ok, reason = verdict(b, call, ranking.source)
+    for b, ok, reason in verdicts:
         if not ok:
             judged.append(TraceEntry(b.name, "declined", f"priority {b.priority}; {reason}"))
-        elif chosen is None:
-            chosen = b
-            why = (f"asked for by {ranking.source}" if ranking.source
-                   else f"priority {b.priority}, the highest that accepts the call")
+        elif b is chosen:
+            why = (f"asked for by {ranking.source}" if ranking.source else
+                   f"the fastest measured: {_time_text(times, b)}" if timed else
+                   f"priority {b.priority}, the highest that accepts the call")
             judged.append(TraceEntry(b.name, "chosen", why))
+        elif timed:
+            judged.append(TraceEntry(b.name, "slower", f"measured {_time_text(times, b)} against "
+                                                       f"{chosen.name}'s {_time_text(times, chosen)}"))
         else:
             judged.append(TraceEntry(b.name, "lower priority",
                                      f"priority {b.priority} < {chosen.name}'s {chosen.priority}; it would run it"))
-    return judged + list(ranking.passed)
+    return chosen, judged + list(ranking.passed_over)
+
+
+def shape_class(call: Call) -> Call:
+    """The calls that share one measurement: the same but for the steps, rounded up to a power of two."""
+    if call.steps is None or call.steps < 1:
+        return call
+    return call._replace(steps=1 << (call.steps - 1).bit_length())
+
+
+def _timings(backends: list[Backend], call: Call) -> dict[str, float | str]:
+    """The measured choice's times of ``backends`` on ``call``'s shape class: timed on first need, then kept."""
+    key = (shape_class(call), tuple(b.name for b in backends))
+    times = _measured.get(key)
+    if times is None:
+        times = time_backends(backends, key[0])
+        log.debug("%s: measured %s", key[0].describe(), times)
+        _remember(_measured, key, times)
+    return times
+
+
+def _time_text(times: dict[str, float | str], backend: Backend) -> str:
+    value = times.get(backend.name)
+    return f"{value * 1e6:.0f} us a call" if isinstance(value, float) else f"not timed ({value})"
+
+
+def _decided(ranking: Ranking, call: Call) -> Backend:
+    """:func:`decide`'s choice, or BackendError with its trace when nothing can run ``call``."""
+    chosen, judged = decide(ranking, call)
+    if chosen is not None:
+        log.debug("%s -> %s", call.describe(), chosen.name)
+        _notices.warn_if_passed_over(list(ranking.unavailable), chosen, call.device_type, call.dtype,
+                                     f"{call.device_type} {_dtype_name(call.dtype)} tensors")
+        return chosen
+    lines = "\n  ".join(f"{t.name}: {t.verdict}: {t.reason}" for t in judged)
+    if ranking.source:
+        refusal = _verdict(ranking.backends[0], ranking.questions, call)[1]
+        raise BackendError(f"lltm backend {ranking.backends[0].name!r} (asked for by {ranking.source}) cannot run "
+                           f"{call.describe()}: {refusal}.\n  {lines}")
+    raise BackendError(f"no lltm backend can run {call.describe()}.\n  {lines}\n"
+                       f"`lltm info --explain` shows this trace for any shape.")
 
 
 def select(device_type: str, dtype: torch.dtype, name: str | None = None, *, source: str = "backend=",
-           call: tuple | None = None) -> Backend:
-    """The backend that runs a call on ``device_type`` tensors of ``dtype``: the first in :func:`rank`'s order
-    whose :func:`verdict` on the call is yes.
+           call: Call | None = None) -> Backend:
+    """The backend that runs a call on ``device_type`` tensors of ``dtype``: :func:`decide` on :func:`rank`'s order.
 
     ``name`` None means the user's request (``use_backend()``, else ``LLTM_BACKEND``), if any.
-    ``call`` is the rest of the call, ``(op, batch, input_features, state_size, steps,
-    needs_backward)`` as in :class:`~lltm_core.Call`, or None when there is no particular call
+    ``call`` is the :class:`~lltm_core.Call`, or None when there is no particular call
     (``get_backend()``, ``lltm info``): then no backend is asked, and the first in order is it.
     Raises BackendError with the reason when nothing can run it.  ``source`` says, in errors,
     where ``name`` came from.
@@ -260,7 +369,7 @@ def select(device_type: str, dtype: torch.dtype, name: str | None = None, *, sou
     if name is None:
         name, source = requested()
     # source is in the key for the errors' sake: they say who named the backend.
-    key = (name, source, device_type, dtype, _env_disabled())
+    key = (name, source, device_type, dtype, _env_disabled(), _measure_setting)
     entry = _choice_cache.get(key)
     if entry is None:
         entry = _device_choice(key, device_type, dtype, name, source)
@@ -271,7 +380,7 @@ def select(device_type: str, dtype: torch.dtype, name: str | None = None, *, sou
     memo_key = (key, call)
     chosen = _call_choices.get(memo_key)
     if chosen is None:
-        chosen = _select_for_call(entry, Call(call[0], device_type, dtype, *call[1:]))
+        chosen = _decided(entry, call)
         _remember(_call_choices, memo_key, chosen)
     return chosen
 
@@ -286,9 +395,8 @@ def _device_choice(key: tuple, device_type: str, dtype: torch.dtype, name, sourc
         first = ranking.backends[0]
         log.debug("%s %s tensors -> %s (%s; candidates %s; passed over %s)", device_type, _dtype_name(dtype),
                   first.name, f"asked for by {source}" if ranking.source else f"priority {first.priority}",
-                  [b.name for b in ranking.backends], [f"{t.name}: {t.reason}" for t in ranking.passed])
-        # Only a backend that declines calls, before the first that takes every call, makes the choice per call.
-        entry = ranking if (first.can_run is not None if ranking.source else first.declines_calls) else first
+                  [b.name for b in ranking.backends], [f"{t.name}: {t.reason}" for t in ranking.passed_over])
+        entry = ranking if ranking.asks_per_call else first
         if entry is first:
             _notices.warn_if_passed_over(list(ranking.unavailable), first, device_type, dtype,
                                          f"{device_type} {_dtype_name(dtype)} tensors")
@@ -296,23 +404,7 @@ def _device_choice(key: tuple, device_type: str, dtype: torch.dtype, name, sourc
     return entry
 
 
-def _select_for_call(ranking: Ranking, call: Call) -> Backend:
-    for backend in ranking.backends:
-        if verdict(backend, call, ranking.source)[0]:
-            log.debug("%s -> %s", call.describe(), backend.name)
-            _notices.warn_if_passed_over(list(ranking.unavailable), backend, call.device_type, call.dtype,
-                                         f"{call.device_type} {_dtype_name(call.dtype)} tensors")
-            return backend
-    lines = "\n  ".join(f"{t.name}: {t.verdict}: {t.reason}" for t in trace(ranking, call))
-    if ranking.source:
-        name = ranking.backends[0].name
-        raise BackendError(f"lltm backend {name!r} (asked for by {ranking.source}) cannot run {call.describe()}: "
-                           f"{_answer(ranking.backends[0], 'can_run', call)[1]}.\n  {lines}")
-    raise BackendError(f"no lltm backend can run {call.describe()}.\n  {lines}\n"
-                       f"`lltm info --explain` shows this trace for any shape.")
-
-
-def choose(device_type: str, dtype: torch.dtype, backend, call: tuple | None = None) -> Backend:
+def choose(device_type: str, dtype: torch.dtype, backend, call: Call | None = None) -> Backend:
     """What a call's ``backend=`` argument (a name, a :class:`Backend`, or None) runs on these tensors.
 
     Without ``call``, the backend for the device and dtype alone; when it ``declines_calls``, the
@@ -323,12 +415,10 @@ def choose(device_type: str, dtype: torch.dtype, backend, call: tuple | None = N
         why_not = backend.supports(device_type, dtype)
         if why_not is not None:
             raise BackendError(f"lltm backend {backend.name!r} (passed as backend=) cannot take these tensors: it {why_not}")
-        if backend.can_run is not None and call is not None:
-            described = Call(call[0], device_type, dtype, *call[1:])
-            ok, reason = _answer(backend, "can_run", described)
-            if not ok:
-                raise BackendError(f"lltm backend {backend.name!r} (passed as backend=) cannot run "
-                                   f"{described.describe()}: {reason}")
+        if call is not None:
+            ranking = _named_object(backend)
+            if ranking.asks_per_call:
+                _decided(ranking, call)
         return backend
     return select(device_type, dtype, backend, call=call)
 
@@ -336,7 +426,7 @@ def choose(device_type: str, dtype: torch.dtype, backend, call: tuple | None = N
 def depends_on_call(device_type: str, dtype: torch.dtype, backend) -> bool:
     """Whether the choice for these tensors asks backends per call (some candidate has can_run/should_run)."""
     if isinstance(backend, Backend):
-        return backend.can_run is not None
+        return _named_object(backend).asks_per_call
     return device_entry(device_type, dtype, backend).__class__ is Ranking
 
 
@@ -346,7 +436,7 @@ def device_entry(device_type: str, dtype: torch.dtype, name: str | None) -> Back
     if name is None:
         name, source = requested()
     select(device_type, dtype, name, source=source)  # fills the cache, or raises with the reason
-    return _choice_cache[(name, source, device_type, dtype, _env_disabled())]
+    return _choice_cache[(name, source, device_type, dtype, _env_disabled(), _measure_setting)]
 
 
 def why_chosen(chosen: Backend) -> str:
@@ -354,6 +444,8 @@ def why_chosen(chosen: Backend) -> str:
     name, source = requested()
     if name is not None:
         return f"asked for by {source}"
+    if measuring():
+        return "the fastest measured of the backends that take the call"
     return f"highest priority ({chosen.priority}) of the backends that take it"
 
 
@@ -375,6 +467,38 @@ def use_backend(name: str):
     finally:
         _context_choice.reset(token)
         compile_hint = outer_hint
+
+
+class select_by_measurement:
+    """Choose among the backends that accept a call by timing them, as cuDNN's benchmark mode does.
+
+    ``lltm_core.select_by_measurement()`` turns it on for the process, and
+    ``select_by_measurement(False)`` off; as a context manager
+    (``with lltm_core.select_by_measurement(): ...``) it holds for the block and
+    restores the setting after.  ``LLTM_SELECT=measure`` turns it on at import.
+    For each call shape class (the Call, its steps rounded up to a power of two)
+    every backend that accepts the call is timed a few times, interleaved,
+    forward and, when the call needs it, backward; the fastest runs every call
+    of that class for the rest of the process (``refresh()`` forgets the times).
+    ``explain()`` shows them.  A backend the user named is never timed: it runs.
+    Under ``torch.compile`` the measurement is made while tracing.
+    """
+
+    def __init__(self, enabled: bool = True):
+        if not isinstance(enabled, bool):
+            raise TypeError(f"select_by_measurement() takes a bool, got {enabled!r}")
+        global _measure_setting, compile_generation
+        self._outer = _measure_setting
+        _measure_setting = enabled
+        compile_generation += 1  # a compiled graph traced under the other setting traces again
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        global _measure_setting, compile_generation
+        _measure_setting = self._outer
+        compile_generation += 1
 
 
 def get_backend(name: str | None = None, *, device=None, dtype=None) -> Backend:

@@ -8,58 +8,57 @@ What the graph holds follows one rule (``lltm_core.backend``, "Traced graphs
 and deployment"), decided by :func:`_route`:
 
 * ``OPERATOR``: the backend's kernels are ``torch.library`` operators; the
-  graph calls them, and :func:`register_operator_autograd` gives them their
-  backward here.  No Python is needed to run such a graph.
+  graph calls them, and ``_ops.register_operator_autograd`` gives them their
+  backward.  No Python is needed to run such a graph.
 * ``COMPOSITE``: under torch.export for inference (nothing needs a gradient),
   a backend of ATen compositions is traced through.
 * ``WRAPPED``: lltm's Python custom operator ``lltm::<name>_*``
-  (``_autograd.ops_for``, ``_sequence.sequence_ops_for``).  When ``backend=``
-  named nothing it checks at run time that lltm would still choose the traced
-  backend (``_autograd.check_traced_choice``).
+  (``_ops.register``).  When ``backend=`` named nothing it checks at run time
+  that lltm would still choose the traced backend (``_ops.check_traced_choice``).
 * ``LOOP`` (sequences only): a backend without sequence kernels runs the
   cell once per step, each step traced as the cell is.
 
 lltm_core imports this module only when a call is first traced (Dynamo runs
 that import for real): ``torch.compiler.assume_constant_result`` imports
-torch._dynamo, over a second, which eager calls never need.
+torch._dynamo, over a second, which eager calls never need.  It imports
+neither ``_cell`` nor ``_sequence``, which import it.
 """
 
 from __future__ import annotations
 
-import threading
 import warnings
 
 import torch
 
-from . import _autograd, _registry
-from .backend import Backend
+from . import _ops, _registry
+from ._ops import OPS, Op
+from .backend import Backend, Call
 
 OPERATOR, COMPOSITE, WRAPPED, LOOP = "operator", "composite", "wrapped", "loop"
 
 
-def forward(family: str, tensors: tuple, extra: tuple, backend, needs: bool, steps: int | None = None):
-    """The traced forward of ``family`` ("cell" or "sequence"); returns the kernel's outputs.
+def forward(op: Op, tensors: tuple, extra: tuple, backend):
+    """The traced forward of ``op``; returns the kernel's outputs, or None for ``LOOP`` (the caller loops the cell).
 
     ``tensors`` are (input, weights, bias, h, c), contiguous; ``extra`` the
-    sequence's (lengths, reverse); ``needs`` whether a backward will follow.
-    Returns None for ``LOOP``: the caller loops the cell.
+    sequence's (lengths, reverse).
     """
+    needs = torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
     input, h = tensors[0], tensors[3]
-    batch, features = (input.shape[1], input.shape[2]) if family == "sequence" else input.shape
-    call = _traced_call(family, input.device.type, input.dtype, backend, batch, features, h.shape[1], steps, needs)
-    route, *where = _route(family, input.device.type, input.dtype, backend, call, bool(needs),
-                           _registry.compile_hint, _registry.compile_generation)
+    device_type, dtype = input.device.type, input.dtype
+    sizes = _traced_sizes(op, device_type, dtype, backend, input, h.shape[1])
+    route, name, operator, takes_needs_backward = _route(op.name, device_type, dtype, backend, sizes, needs,
+                                                         _registry.compile_hint, _registry.compile_generation)
     if route == LOOP:
         return None
-    if route == OPERATOR:
-        namespace, name, overload, takes_needs_backward = where
-        kernel = getattr(getattr(getattr(torch.ops, namespace), name), overload)
+    if route == OPERATOR:  # "namespace::name.overload"
+        namespace, rest = operator.split("::")
+        op_name, overload = rest.split(".")
+        kernel = getattr(getattr(getattr(torch.ops, namespace), op_name), overload)
         return kernel(*tensors, *extra, *((needs,) if takes_needs_backward else ()))
     if route == COMPOSITE:  # torch.export traces the kernels themselves (non-strict export runs this Python)
-        chosen = _registry.choose(input.device.type, input.dtype, backend, call)
-        if family == "cell":
-            return chosen.forward(*tensors)
-        if any(isinstance(size, torch.SymInt) for size in input.shape[:2]):
+        chosen = _registry.choose(device_type, dtype, backend, _call(op, device_type, dtype, sizes, needs))
+        if op.has_steps and any(isinstance(size, torch.SymInt) for size in input.shape[:2]):
             # Its time loop is Python: export would unroll it for one length, then fail on the Dim.
             raise _registry.BackendError(
                 f"lltm: backend {chosen.name!r} runs a sequence as a Python loop over its steps, which "
@@ -67,18 +66,16 @@ def forward(family: str, tensors: tuple, extra: tuple, backend, needs: bool, ste
                 f"Export with static shapes, or on a backend with compiled operators (lltm info lists them, "
                 f"e.g. LLTMLayer(..., backend='cpu'))"
             )
-        from ._sequence import run_forward
-
-        return run_forward(chosen, *tensors, *extra, needs)
-    (name,) = where
+        return _ops.run_forward(chosen.kernels[op.name], (*tensors, *extra), needs)
     named = backend if isinstance(backend, str) else backend.name if isinstance(backend, Backend) else None
-    op = getattr(torch.ops.lltm, f"{name}_forward" if family == "cell" else f"{name}_sequence_forward")
-    return op(*tensors, *extra, named, needs)
+    return getattr(torch.ops.lltm, op.operator_name(name, "forward"))(*tensors, *extra, named, needs)
 
 
-def _traced_call(family, device_type, dtype, backend, batch, input_features, state_size, steps, needs_backward):
-    """The call tuple for the choice; None when the choice cannot depend on it.
+def _traced_sizes(op: Op, device_type, dtype, backend, input, state_size):
+    """The call's sizes, (batch, input_features, state_size, steps), as constants; None when the choice cannot
+    depend on them.
 
+    A plain tuple: what assume_constant_result passes through intact (:func:`_call` makes the Call).
     Only a choice that depends on the call specializes the graph on the shape:
     where no candidate declines calls, dynamic shapes stay dynamic.
     """
@@ -87,8 +84,12 @@ def _traced_call(family, device_type, dtype, backend, batch, input_features, sta
     # Dynamo turns a symbolic size into a constant (guarding on its value, so another size
     # retraces) when it is formatted; int() alone leaves it symbolic, which
     # assume_constant_result cannot take.  The guard is the point: the choice depends on the size.
-    sizes = [int(f"{d}") for d in (batch, input_features, state_size) + ((steps,) if steps is not None else ())]
-    return (family, *sizes[:3], sizes[3] if steps is not None else None, bool(needs_backward))
+    steps, (batch, features) = (input.shape[0], input.shape[1:]) if op.has_steps else (None, input.shape)
+    return (int(f"{batch}"), int(f"{features}"), int(f"{state_size}"), None if steps is None else int(f"{steps}"))
+
+
+def _call(op: Op, device_type: str, dtype: torch.dtype, sizes: tuple | None, needs: bool) -> Call | None:
+    return None if sizes is None else Call(op.name, device_type, dtype, *sizes, bool(needs))
 
 
 @torch.compiler.assume_constant_result
@@ -97,76 +98,35 @@ def _depends_on_call(device_type: str, dtype: torch.dtype, backend, compile_hint
 
 
 @torch.compiler.assume_constant_result
-def _route(family: str, device_type: str, dtype: torch.dtype, backend, call, needs: bool, compile_hint,
+def _route(op_name: str, device_type: str, dtype: torch.dtype, backend, sizes, needs: bool, compile_hint,
            compile_generation) -> tuple:
-    """``(route, *where)``, constant in the graph; the hint arguments are read so that Dynamo guards on them."""
-    chosen = _registry.choose(device_type, dtype, backend, call)
-    if family == "sequence" and not chosen.has_sequence_kernels:
-        return (LOOP, chosen.name)
-    forward_kernel, backward_kernel = ((chosen.forward, chosen.backward) if family == "cell"
-                                       else (chosen.sequence_forward, chosen.sequence_backward))
-    if isinstance(forward_kernel, torch._ops.OpOverload) and isinstance(backward_kernel, torch._ops.OpOverload):
-        register_operator_autograd(chosen)
-        namespace, name = forward_kernel._schema.name.split("::")
-        takes_needs_backward = family == "sequence" and chosen.takes_needs_backward
-        return (OPERATOR, namespace, name, forward_kernel._overloadname, takes_needs_backward)
+    """``(route, backend name, its operator or None, whether that takes needs_backward)``, constant in the graph.
+
+    The hint arguments are read so that Dynamo guards on them.
+    """
+    op = OPS[op_name]
+    chosen = _registry.choose(device_type, dtype, backend, _call(op, device_type, dtype, sizes, needs))
+    kernels = chosen.kernels.get(op.name)
+    if kernels is None:
+        return (LOOP, chosen.name, None, False)
+    if _ops.has_operators(kernels):
+        _ops.register_operator_autograd(chosen)
+        return (OPERATOR, chosen.name, f"{kernels.forward._schema.name}.{kernels.forward._overloadname}",
+                kernels.takes_needs_backward)
     exporting = torch.compiler.is_exporting()
     # Traced through for inference only: with a backward to follow, autograd would have to see
     # through the kernels' out= operators, and the backend's own backward would not run.
     if exporting and chosen.composite and not needs:
-        return (COMPOSITE, chosen.name)
+        return (COMPOSITE, chosen.name, None, False)
     if exporting:
         hint = (" Export under torch.no_grad() to trace its ATen operators instead." if chosen.composite else
                 " To deploy without Python, export on a backend with compiled operators (lltm info lists "
                 "them), e.g. LLTMLayer(..., backend='cpu').")
         warnings.warn(
             f"lltm: backend {chosen.name!r} has Python kernels, so the exported graph calls lltm's Python "
-            f"operator lltm::{chosen.name}_{'' if family == 'cell' else 'sequence_'}forward: it runs where "
+            f"operator lltm::{op.operator_name(chosen.name, 'forward')}: it runs where "
             f"Python runs (torch._inductor.aoti_load_package) but not from C++.{hint}",
             stacklevel=2,
         )
-    if family == "cell":
-        _autograd.ops_for(chosen)  # registers torch.ops.lltm.<name>_forward on first use
-    else:
-        from ._sequence import sequence_ops_for
-
-        sequence_ops_for(chosen)
-    return (WRAPPED, chosen.name)
-
-
-# --- autograd on a backend's own operators -------------------------------------
-
-_registered: set = set()  # the forward operators given a backward here
-_registered_lock = threading.Lock()
-
-
-def register_operator_autograd(backend: Backend) -> None:
-    """Give ``backend``'s forward operators (those that are OpOverloads) lltm's backward formula, once.
-
-    Done when a graph first holds them, not when the backend loads: an eager
-    call skips torch.library's Python autograd kernel, a few microseconds.
-    """
-    from ._sequence import sequence_formula
-
-    # the formulas hand the backward kernel its saved tensors as one list, at this position
-    pairs = [(backend.forward, backend.backward, _autograd.cell_formula, 3)]
-    if backend.has_sequence_kernels:
-        pairs.append((backend.sequence_forward, backend.sequence_backward, sequence_formula, 8))
-    for forward_op, backward_op, formula, saved_at in pairs:
-        if not (isinstance(forward_op, torch._ops.OpOverload) and isinstance(backward_op, torch._ops.OpOverload)):
-            continue
-        with _registered_lock:
-            if forward_op in _registered:
-                continue
-            setup_context, backward = formula(_splat_saved(backward_op, saved_at))
-            torch.library.register_autograd(forward_op, lambda ctx, *grads, _b=backward: _b(ctx, grads),
-                                            setup_context=setup_context)
-            _registered.add(forward_op)
-
-
-def _splat_saved(backward_op, saved_at: int):
-    """The backward operator, called with the list of saved tensors at ``saved_at`` spread out."""
-    def run(*args):
-        return backward_op(*args[:saved_at], *args[saved_at], *args[saved_at + 1:])
-
-    return run
+    _ops.register(op, chosen)  # registers torch.ops.lltm.<name>_<op>forward on first use
+    return (WRAPPED, chosen.name, None, False)

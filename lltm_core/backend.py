@@ -118,9 +118,10 @@ is described by a :class:`Call`; a backend may set either or both of:
 Each returns ``True``, or ``False`` or a string (the reason, which ``lltm
 info --explain`` shows: "state_size 1024 > 256: W_h does not fit on chip").
 They must be cheap, deterministic functions of the Call: lltm-core memoizes
-the answers.  The selection rule is ``lltm_core._registry.rank`` and ``verdict``: a named
+the answers.  The selection rule is ``lltm_core._registry.rank`` and ``decide``: a named
 backend is asked ``can_run`` only; otherwise the first by priority for which
-both answers are True runs the call.  An answer that raises is a decline,
+both answers are True runs the call (or, with ``select_by_measurement()``, the
+fastest measured of those).  An answer that raises is a decline,
 reported in the trace, never an error of the call.
 
 A version-3 backend's ``sequence_forward`` takes one more argument,
@@ -211,6 +212,16 @@ class Call(NamedTuple):
 
 #: What ``can_run``/``should_run`` return: True, or False or a reason string for no.
 Verdict = Union[bool, str]
+
+
+class Kernels(NamedTuple):
+    """A backend's kernels for one op (``Call.op``: "cell" or "sequence"), by name: ``Backend.kernels[op]``."""
+
+    forward: ForwardKernel
+    backward: BackwardKernel
+    saved_layout: Callable[..., Mapping[str, Shape]]
+    #: Whether ``forward`` takes ``needs_backward`` after its arguments (a version-3 sequence_forward).
+    takes_needs_backward: bool
 
 
 def always_available() -> str | None:
@@ -328,7 +339,14 @@ class Backend:
             raise bad("composite", "a bool")
         # Which sequence_forward signature to call: the newest version both sides speak.
         spoken = [v for v in self.interface_versions if v in SUPPORTED_INTERFACE_VERSIONS]
-        object.__setattr__(self, "_takes_needs_backward", bool(spoken) and max(spoken) >= CALL_INTERFACE_VERSION)
+        takes_needs_backward = bool(spoken) and max(spoken) >= CALL_INTERFACE_VERSION
+        kernels = {"cell": Kernels(self.forward, self.backward, self.saved_layout, False)}
+        if self.sequence_forward is not None:
+            kernels["sequence"] = Kernels(self.sequence_forward, self.sequence_backward, self.sequence_saved_layout,
+                                          takes_needs_backward)
+        object.__setattr__(self, "_takes_needs_backward", takes_needs_backward)
+        #: ``{op: Kernels}``: the kernels each op runs on (no "sequence" without sequence kernels).
+        object.__setattr__(self, "kernels", kernels)
 
     @property
     def takes_needs_backward(self) -> bool:

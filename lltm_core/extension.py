@@ -13,11 +13,40 @@ target torch, the library's size and sha256), and the backend checks both *befor
 
 A library built against torch's full C++ ABI (a JIT build) runs only on the torch that built it:
 ``torch_mismatch`` says so.  ``backends/lltm_cpu/`` and ``backends/lltm_cuda/`` use these.
+
+The standard saved layouts, :func:`saved_layout` and :func:`sequence_saved_layout`, are here too:
+a backend that saves what lltm-ref saves passes them as its ``Backend`` fields.
 """
 
 from __future__ import annotations
 
 import torch
+
+
+# --- the standard saved layouts -------------------------------------------------
+#
+# What every in-tree backend's forward saves for its backward, declared once (a backend's
+# Backend.saved_layout / sequence_saved_layout may be these, or its own).  Only arithmetic on
+# the sizes: they build the fake kernels, where the sizes may be symbolic.  What each tensor
+# holds is the backend's (lltm-cuda keeps the gates before activation, the others after).
+
+
+def saved_layout(batch: int, input_features: int, state_size: int) -> dict:
+    """The step's saved tensors: ``{name: shape}``, in the order ``forward`` returns them."""
+    return {
+        "X": (batch, state_size + input_features),  # cat([old_h, input]), for grad_weights
+        "gates": (batch, 3 * state_size),  # the input, output and candidate gates
+        "tanh_cell": (batch, state_size),  # tanh(new_cell)
+    }
+
+
+def sequence_saved_layout(steps: int, batch: int, input_features: int, state_size: int) -> dict:
+    """The sequence's saved tensors: with the input and output lltm-core holds, (5S + I)·T·B elements, under
+    the contract's (6S + I)·T·B.  No c_t: with no forget gate, d c_{t-1} = d c_t."""
+    return {
+        "gates": (steps, batch, 3 * state_size),  # per step, the three gates
+        "tanh_cell": (steps, batch, state_size),  # per step tanh(c_t)
+    }
 
 
 def unavailable_kernel(backend: str, reason: str):

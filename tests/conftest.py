@@ -28,6 +28,7 @@ FAKE_MODULE = textwrap.dedent(
     import torch
     import lltm_ref
     from lltm_core import Backend
+    from lltm_core.extension import saved_layout, sequence_saved_layout
 
     def _ref(**changes):
         return dataclasses.replace(lltm_ref.load_backend(), **changes)
@@ -76,7 +77,7 @@ FAKE_MODULE = textwrap.dedent(
         return (new_h, new_cell, *saved[:-1], old_cell[:])  # "saves" a view of old_cell as tanh_cell
 
     def _bad_layout(B, I, S):
-        return {**lltm_ref.saved_layout(B, I, S), "X": (B, S)}
+        return {**saved_layout(B, I, S), "X": (B, S)}
 
     def none_grad_x():   return _ref(name="none_grad_x", backward=_none_grad_X)
     def dense_only():    return _ref(name="dense_only", backward=_dense_only_backward)
@@ -102,7 +103,7 @@ FAKE_MODULE = textwrap.dedent(
         return (output, h_n, output[0], *saved)  # "c_n" a view of the output
 
     def _seq_hoarding_layout(T, B, I, S):
-        return {**lltm_ref.sequence_saved_layout(T, B, I, S), "spare": (T, B, 4 * S)}
+        return {**sequence_saved_layout(T, B, I, S), "spare": (T, B, 4 * S)}
 
     def _seq_hoarding_forward(*args):
         output, h_n, c_n, *saved = lltm_ref.sequence_forward(*args)

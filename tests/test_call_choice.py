@@ -48,6 +48,7 @@ def _spy(monkeypatch, backend_name: str) -> list:
 
     object.__setattr__(backend, "sequence_forward", seq)
     object.__setattr__(backend, "forward", cell)
+    backend.__post_init__()  # rebuilds backend.kernels, the per-op map lltm-core runs, from the fields
     return seen
 
 

@@ -104,14 +104,15 @@ def test_refresh_with_a_factory_that_returns_new_kernels(fake_backends, compiled
 def test_two_backends_with_one_name_cannot_share_its_operators():
     import lltm_ref
 
-    from lltm_core._autograd import ops_for
+    from lltm_core._ops import CELL, register
 
     ref = lltm_ref.load_backend()
-    ops_for(ref)
+    register(CELL, ref)
     impostor = dataclasses.replace(ref, forward=lambda *args: lltm_ref.forward(*args))
     with pytest.raises(BackendError, match="already run another backend named 'ref'.*a name of its own"):
-        ops_for(impostor)
-    assert ops_for(dataclasses.replace(ref, priority=7)) == ops_for(ref)  # same kernels: same operators
+        register(CELL, impostor)
+    # same kernels: same operators
+    assert register(CELL, dataclasses.replace(ref, priority=7)) == register(CELL, ref)
 
 
 _FIRST_TRACE_IN_A_FRESH_PROCESS = """

@@ -98,7 +98,7 @@ def test_one_output_used(backend, lltm_device, lltm_dtype, used, route):
     Both routes to the kernels are checked: lltm()'s Function and the custom
     operator torch.compile uses (called directly here).
     """
-    from lltm_core._autograd import ops_for
+    from lltm_core._ops import CELL, register
     from lltm_core.testing import reference_lltm
 
     index = ("new_h", "new_cell").index(used)
@@ -106,7 +106,7 @@ def test_one_output_used(backend, lltm_device, lltm_dtype, used, route):
     if route == "lltm":
         outputs = lltm_core.lltm(*inputs, backend=backend.name)
     else:
-        outputs = ops_for(backend)[0](*inputs, backend.name)
+        outputs = register(CELL, backend)[0](*inputs, backend.name)
     upstream = torch.randn(4, 9, dtype=torch.float64).to(inputs[0])
     got = torch.autograd.grad(outputs[index], inputs, upstream)
     ref_inputs = [t.detach().double().requires_grad_() for t in inputs]
@@ -174,9 +174,9 @@ def test_gradcheck_float64(lltm_backend_name, lltm_device):
 
 def test_opcheck(backend, lltm_device, lltm_dtype):
     """The custom operators torch.compile sees: schema, fake kernels, autograd registration."""
-    from lltm_core._autograd import ops_for
+    from lltm_core._ops import CELL, register
 
-    forward_op, backward_op = ops_for(backend)
+    forward_op, backward_op = register(CELL, backend)
     inputs = make_inputs(6, 5, 7, dtype=lltm_dtype, device=lltm_device)
     torch.library.opcheck(forward_op, (*inputs, backend.name))
     outputs = forward_op(*[t.detach() for t in inputs], backend.name)

@@ -36,7 +36,7 @@ def _requires_operators(backend):
 def test_operators_pass_opcheck(backend, lltm_device, lltm_dtype):
     """The backend's own operators: schema, fake kernels, and lltm's autograd registered on them."""
     _requires_operators(backend)
-    from lltm_core._trace import register_operator_autograd
+    from lltm_core._ops import register_operator_autograd
 
     register_operator_autograd(backend)
     inputs = make_inputs(6, 5, 7, dtype=lltm_dtype, device=lltm_device)

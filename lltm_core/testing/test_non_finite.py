@@ -103,3 +103,30 @@ def test_sequence_propagates_non_finite_weights(backend, lltm_device, lltm_dtype
         rest, h_n, c_n = reference_sequence(x[1:], w, b, h1, c1)
         wants.append((torch.cat([h1.unsqueeze(0), rest]), h_n, c_n))
     _check(f"lltm_sequence on {backend.name}, {state} h0", got, wants, lltm_dtype)
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+def test_padding_reaches_no_gradient(backend, lltm_device, lltm_dtype, reverse):
+    """Inputs past a row's length take part in nothing: NaN there changes no output and no gradient.
+
+    lltm-core zeroes them before the kernels, so every backend is held to it through lltm_sequence.
+    """
+    T, B, I, S = 5, 3, 4, 6
+    lengths = torch.tensor([5, 2, 3], device=lltm_device)
+    inputs = make_sequence_inputs(T, B, I, S, dtype=lltm_dtype, device=lltm_device)
+    padded = inputs[0].detach().clone()
+    for b, length in enumerate(lengths.tolist()):
+        padded[length:, b] = math.nan
+    results = []
+    for x in (inputs[0].detach().masked_fill(padded.isnan(), 0.0), padded):
+        leaves = [x.requires_grad_(), *(t.detach().requires_grad_() for t in inputs[1:])]
+        out, h_n, c_n = lltm_core.lltm_sequence(*leaves, lengths=lengths, reverse=reverse, backend=backend.name)
+        (out.sum() + h_n.sum() + 2 * c_n.sum()).backward()
+        results.append([out, h_n, c_n, *(t.grad for t in leaves)])
+    names = ["output", "h_n", "c_n", "grad input", "grad weights", "grad bias", "grad h0", "grad c0"]
+    for name, with_zeros, with_nan in zip(names, *results):
+        assert torch.isfinite(with_nan).all(), (
+            f"lltm_sequence on {backend.name}, lengths={lengths.tolist()}, reverse={reverse}: NaN in padded "
+            f"inputs reached {name} ({with_nan.isnan().sum().item()} of {with_nan.numel()} entries NaN)")
+        torch.testing.assert_close(with_nan, with_zeros, msg=f"{name} on {backend.name} depends on padded inputs")
+    assert (results[1][3][padded.isnan()] == 0).all(), "the gradient of a padded input must be zero"

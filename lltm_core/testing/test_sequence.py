@@ -273,9 +273,9 @@ def test_per_call_answers_are_well_formed(backend, lltm_device, lltm_dtype):
 def test_sequence_opcheck(backend, lltm_device, lltm_dtype):
     """The sequence custom operators torch.compile sees: schema, fake kernels, autograd registration."""
     _requires_sequence_kernels(backend)
-    from lltm_core._sequence import sequence_ops_for
+    from lltm_core._ops import SEQUENCE, register
 
-    forward_op, backward_op = sequence_ops_for(backend)
+    forward_op, backward_op = register(SEQUENCE, backend)
     inputs = make_sequence_inputs(3, 4, 2, 5, dtype=lltm_dtype, device=lltm_device)
     for lengths, reverse in ((None, False), (torch.tensor([3, 1, 2, 3], device=lltm_device), True)):
         torch.library.opcheck(forward_op, (*inputs, lengths, reverse, backend.name))

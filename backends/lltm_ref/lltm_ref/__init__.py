@@ -12,8 +12,7 @@ import torch
 import torch.nn.functional as F
 
 __all__ = [
-    "forward", "backward", "saved_layout",
-    "sequence_forward", "sequence_backward", "sequence_saved_layout", "sequence_gemm_gradients",
+    "forward", "backward", "sequence_forward", "sequence_backward", "sequence_gemm_gradients",
     "load_backend",
 ]
 
@@ -25,13 +24,9 @@ _elu_backward = torch.ops.aten.elu_backward.default
 _elu_ = torch._C._nn.elu_  # F.elu(inplace=True) without its Python wrapper (0.3 us a call)
 
 
-def saved_layout(batch: int, input_features: int, state_size: int) -> dict:
-    return {
-        "X": (batch, state_size + input_features),  # cat([old_h, input]), for grad_weights
-        # [sigmoid(input gate) | sigmoid(output gate) | elu(candidate gate)]; elu' is recovered from the last
-        "gates": (batch, 3 * state_size),
-        "tanh_cell": (batch, state_size),  # tanh(new_cell)
-    }
+# What forward saves: lltm_core.extension.saved_layout's X = cat([old_h, input]), gates =
+# [sigmoid(input gate) | sigmoid(output gate) | elu(candidate gate)] (elu' is recovered from the
+# last), tanh_cell = tanh(new_cell); sequence_forward saves the same per step, less X.
 
 
 def forward(input, weights, bias, old_h, old_cell):
@@ -86,13 +81,6 @@ def backward(grad_h, grad_cell, weights, X, gates, tanh_cell, needs_grad_X):
 # elements with the input and output, under the (6S + I)·T·B the contract
 # allows.  No c_t is kept: with no forget gate, d c_{t-1} = d c_t, so the
 # backward never needs the cell itself.
-
-
-def sequence_saved_layout(steps: int, batch: int, input_features: int, state_size: int) -> dict:
-    return {
-        "gates": (steps, batch, 3 * state_size),  # per step [sigmoid(i) | sigmoid(o) | elu(z)]
-        "tanh_cell": (steps, batch, state_size),  # per step tanh(c_t)
-    }
 
 
 def _steps(T: int, reverse: bool) -> range:
@@ -198,6 +186,7 @@ def sequence_gemm_gradients(d_gates, weights, input, h0, output, lengths, revers
 
 def load_backend():
     from lltm_core.backend import Backend
+    from lltm_core.extension import saved_layout, sequence_saved_layout
 
     return Backend(
         name="ref",

@@ -1,8 +1,9 @@
 """can_run and should_run: which calls the Triton kernels can compute, and where they are expected to win.
 
-Cheap and deterministic, as lltm-core asks (it memoizes the answers): arithmetic on the Call only,
-no triton import, no device query.  The on-chip limit below was measured on an H200; the others
-are defaults from the arithmetic, not yet timed (benchmarks/bench_triton.py is there for that).
+Cheap and deterministic, as lltm-core asks (it memoizes the answers): arithmetic on the Call and on
+the current CUDA device's properties (read once per device: :func:`gpu`), no triton import.  The
+on-chip limit below was measured on an H200; the others are defaults from the arithmetic, not yet
+timed (benchmarks/bench_triton.py is there for that).
 
 The persistent sequence kernel wins by not launching two kernels a step (lltm-cuda's design:
 cuBLAS h W_h^T, then a pointwise kernel) and by keeping W_h on chip.  One SM of an H100 or H200
@@ -25,12 +26,13 @@ closest; its forward spilled 6 registers), as tests/test_gpu.py's compile-at-the
 Past that the streaming kernels still compute the call (each program reads W_h from L2 every step)
 but should_run declines: lltm-cuda's per-step cuBLAS GEMM is then expected to be faster.  On a GPU
 with less shared memory a block (an A100 163 KB, consumer cards 99 KB) a variant that does not fit
-falls back at launch to the next smaller one (_fit.py, with a warning); should_run, which queries no
-device, still answers for an H100/H200.
+falls back at launch to the next smaller one (_fit.py, with a warning).
 
 Each program owns 16 batch rows (BLOCK_B, tl.dot's smallest M) and, W_h filling its SM's memory,
-one SM: up to SMS = 132 programs (an H100/H200 SXM) run at once.  More rows than 16 · 132 = 2112
-would run in waves, each the whole sequence long, so should_run declines those too.
+one SM: as many programs as the GPU has SMs run at once (132 on an H100/H200 SXM, the figure used
+where no CUDA device is visible).  More rows than 16 per SM would run in waves, each the whole
+sequence long, so should_run declines those too.  The messages give the current device's name,
+SM count and shared memory per block, from torch.cuda.get_device_properties.
 
 For the cell, a single step, the Triton kernel is one launch against lltm-cuda's two, with untuned
 tiles against cuBLAS's tuned GEMM: it is expected to win while the step is launch-bound, which is
@@ -42,18 +44,46 @@ are there to settle it.
 
 from __future__ import annotations
 
+import functools
+from typing import NamedTuple
+
 import torch
 
 RESIDENT_BYTES = 96 * 1024
-#: Shared memory one block may use on an H100/H200: 232448 bytes, as Triton reported on an H200.
-SHARED_BYTES = 227 * 1024
+#: Shared memory the resident backward needed with 192 KB of W_h (float32, S_PAD 128), on an H200.
+RESIDENT_BACKWARD_OVER_LIMIT_BYTES = 311296
+#: Where no CUDA device is visible: an H100/H200 SXM's SMs and shared memory per block (232448 bytes).
 SMS = 132
+SHARED_BYTES = 227 * 1024
 BLOCK_B = 16
 CELL_MACS = 1 << 26
 #: The kernels index with 32-bit offsets (Triton's default integer type).
 MAX_ELEMENTS = 2**31 - 1
 
 _ELEMENT_SIZE = {torch.float16: 2, torch.bfloat16: 2, torch.float32: 4, torch.float64: 8}
+
+
+class GPU(NamedTuple):
+    """The facts about a GPU that the policy and its messages use."""
+
+    name: str
+    sms: int
+    shared_bytes_per_block: int
+
+
+def gpu() -> GPU:
+    """The current CUDA device's facts; an H100/H200's, so named, where no CUDA device is visible."""
+    if not torch.cuda.is_available():
+        return GPU("an H100/H200 (assumed: no CUDA device is visible)", SMS, SHARED_BYTES)
+    return _device_facts(torch.cuda.current_device())
+
+
+@functools.cache
+def _device_facts(index: int) -> GPU:
+    props = torch.cuda.get_device_properties(index)
+    # The opt-in limit is what a kernel may ask for (Triton's); a build without it has only the default.
+    return GPU(props.name, props.multi_processor_count,
+               getattr(props, "shared_memory_per_block_optin", props.shared_memory_per_block))
 
 
 def state_pad(S: int) -> int:
@@ -105,15 +135,16 @@ def should_run(call) -> bool | str:
                     f"tuned GEMM (lltm-cuda) is expected to beat these untuned tl.dot tiles")
         return True
     dtype_name = str(call.dtype).removeprefix("torch.")
+    device = gpu()
     if not resident(S, call.dtype):
         return (f"W_h at S={S} in {dtype_name} is {w_h_bytes(S, call.dtype) // 1024} KB as 3 tiles of "
-                f"{state_pad(S)}x{state_pad(S)}, over the {RESIDENT_BYTES // 1024} KB kept on chip (on an H200 the "
-                f"resident backward with 192 KB of W_h needed more than the {SHARED_BYTES // 1024} KB of shared "
-                f"memory a block may have): streamed from L2 every step, the persistent kernel is not expected to "
-                f"beat lltm-cuda's per-step cuBLAS GEMM")
+                f"{state_pad(S)}x{state_pad(S)}, over the {RESIDENT_BYTES // 1024} KB kept on chip (the resident "
+                f"backward with 192 KB of W_h needs {RESIDENT_BACKWARD_OVER_LIMIT_BYTES // 1024} KB of shared "
+                f"memory; a block may have {device.shared_bytes_per_block // 1024} KB on {device.name}): streamed "
+                f"from L2 every step, the persistent kernel is not expected to beat lltm-cuda's per-step cuBLAS GEMM")
     programs = -(-B // BLOCK_B)
-    if programs > SMS:
+    if programs > device.sms:
         return (f"B={B} needs {programs} programs of {BLOCK_B} rows, each holding W_h on one SM: more than the "
-                f"{SMS} SMs of an H100/H200 run in waves of the whole sequence, where lltm-cuda's per-step "
-                f"GEMMs over all rows are expected to win")
+                f"{device.sms} SMs of {device.name} run in waves of the whole sequence, where lltm-cuda's "
+                f"per-step GEMMs over all rows are expected to win")
     return True

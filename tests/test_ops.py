@@ -1,0 +1,76 @@
+"""The operator layer (lltm_core._ops): one record per op, the imports around it, and meta tensors."""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+
+import pytest
+import torch
+
+import lltm_core
+from lltm_core import _ops
+
+CORE = pathlib.Path(lltm_core.__file__).parent
+
+
+def _imports(module: str) -> set[str]:
+    """The lltm_core modules ``module`` imports, at its top level or inside a function."""
+    tree = ast.parse((CORE / f"{module}.py").read_text())
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level == 1:
+            if node.module:
+                found.add(node.module.split(".")[0])
+            else:
+                found.update(alias.name for alias in node.names)
+    return found
+
+
+def test_the_public_modules_and_the_traced_route_import_no_module_that_imports_them():
+    modules = ("_cell", "_sequence", "_trace")
+    imported_by = {m: _imports(m) for m in modules}
+    for module in modules:
+        for other in imported_by[module]:
+            if (CORE / f"{other}.py").exists():
+                assert module not in _imports(other), f"{module} imports {other}, which imports {module}"
+
+
+def test_every_op_is_a_call_op_and_a_backend_names_its_kernels_by_op():
+    assert set(_ops.OPS) == {"cell", "sequence"}
+    ref = lltm_core.get_backend("ref")
+    assert set(ref.kernels) == set(_ops.OPS)
+    assert ref.kernels["sequence"].forward is ref.sequence_forward
+    assert ref.kernels["cell"].saved_layout is ref.saved_layout
+    assert ref.kernels["sequence"].takes_needs_backward and not ref.kernels["cell"].takes_needs_backward
+
+
+def test_the_layout_declared_once_is_the_reference_backends():
+    from lltm_core import extension
+
+    ref = lltm_core.get_backend("ref")
+    assert ref.saved_layout is extension.saved_layout
+    assert ref.sequence_saved_layout is extension.sequence_saved_layout
+    x, w, b, h, c = (torch.randn(3, 4), torch.randn(15, 9), torch.randn(15), torch.randn(3, 5), torch.randn(3, 5))
+    saved = ref.forward(x, w, b, h, c)[2:]
+    assert [tuple(t.shape) for t in saved] == list(extension.saved_layout(3, 4, 5).values())
+
+
+@pytest.mark.parametrize("bidirectional", [False, True])
+def test_meta_tensors_give_the_shapes_nn_lstm_gives(bidirectional):
+    """nn.LSTM runs on meta for shape inference; LLTM and LLTMLayer do too, computing nothing."""
+    T, B, I, S = 7, 3, 4, 5
+    layer = lltm_core.LLTMLayer(I, S, num_layers=2, bidirectional=bidirectional, batch_first=True, device="meta")
+    lstm = torch.nn.LSTM(I, S, num_layers=2, bidirectional=bidirectional, batch_first=True, device="meta")
+    x = torch.empty(B, T, I, device="meta")
+    out, (h, c) = layer(x)
+    want, (want_h, want_c) = lstm(x)
+    assert [(t.shape, t.device.type, t.dtype) for t in (out, h, c)] == [
+        (t.shape, "meta", torch.float32) for t in (want, want_h, want_c)]
+    cell = lltm_core.LLTM(I, S, device="meta", dtype=torch.float64)
+    new_h, new_c = cell(torch.empty(B, I, device="meta", dtype=torch.float64))
+    assert [(t.shape, t.device.type, t.dtype) for t in (new_h, new_c)] == [((B, S), "meta", torch.float64)] * 2
+    # The shapes of the functions too, with lengths.
+    args = [torch.empty(s, device="meta") for s in ((T, B, I), (3 * S, S + I), (3 * S,), (B, S), (B, S))]
+    out, h_n, c_n = lltm_core.lltm_sequence(*args, reverse=True)
+    assert (out.shape, h_n.shape, c_n.shape) == ((T, B, S), (B, S), (B, S))
