@@ -25,6 +25,9 @@ import os
 from pathlib import Path
 
 import torch
+# lltm-core's standard saved layouts (the pre-activation gates and tanh(c) a step: the GEMMs'
+# own output, csrc/cuda/lltm_sequence.cu); re-exported as lltm_cuda's own names.
+from lltm_core.extension import saved_layout, sequence_saved_layout
 
 from . import _build_info
 
@@ -37,25 +40,6 @@ DISTRIBUTION = "lltm-cuda-emulated" if EMULATED else "lltm-cuda"
 #: The emulated build only: a library to load instead of its own _C, a variant of the same
 #: sources (the planted-defect tests build such variants and run the conformance kit on them).
 ENV_EMULATED_LIBRARY = "LLTM_CUDA_EMULATED_LIBRARY"
-
-
-def saved_layout(batch: int, input_features: int, state_size: int) -> dict:
-    # csrc/cuda/lltm_kernels.cu explains the choice: the gates are the GEMM's
-    # own output (free to keep), tanh_cell the one extra write.
-    return {
-        "X": (batch, state_size + input_features),  # cat([old_h, input]), for grad_weights
-        "gates": (batch, 3 * state_size),  # pre-activation gates; the backward recomputes i, o, elu(z)
-        "tanh_cell": (batch, state_size),  # tanh(new_cell)
-    }
-
-
-def sequence_saved_layout(steps: int, batch: int, input_features: int, state_size: int) -> dict:
-    # csrc/cuda/lltm_sequence.cu explains the choice: (5S + I)·T·B elements with the input and
-    # output lltm-core holds, under the contract's (6S + I)·T·B.
-    return {
-        "gates": (steps, batch, 3 * state_size),  # per step, before activation: the GEMMs' own output
-        "tanh_cell": (steps, batch, state_size),  # per step tanh(c_t)
-    }
 
 
 def arch_mismatch(arch_list: str, capability: tuple[int, int]) -> str | None:
