@@ -7,7 +7,7 @@ import math
 import torch
 
 from . import _autograd, _registry
-from ._checks import TorchSizeNames, check_lltm_args, layer_sizes
+from ._checks import TorchSizeNames, ZeroBias, check_lltm_args, layer_sizes
 from .backend import Backend
 
 _compiling = torch.compiler.is_compiling
@@ -41,7 +41,7 @@ def lltm(input, weights, bias, old_h, old_cell, *, backend: str | Backend | None
     return _autograd.apply_eager(chosen, needs, *tensors)
 
 
-class LLTM(TorchSizeNames, torch.nn.Module):
+class LLTM(TorchSizeNames, ZeroBias, torch.nn.Module):
     """The LLTM cell as a module, with ``torch.nn.LSTMCell``'s interface; its ``state_dict`` matches the tutorial's.
 
     ``LLTM(input_size, hidden_size, bias=True, *, backend=None, device=None,

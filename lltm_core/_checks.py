@@ -122,6 +122,21 @@ class TorchSizeNames:
         return self.state_size
 
 
+class ZeroBias:
+    """For a module built with ``bias=False``: the zeros its kernels get as bias, a non-persistent buffer
+    ``_zero_bias`` (not in the state_dict, as nn.LSTM(bias=False) has none), zero again after every
+    ``_apply``.  ``to_empty()`` (how a module built on the meta device gets its storage) leaves any
+    buffer uninitialised, and load_state_dict never fills one that is not persisted."""
+
+    def _apply(self, fn, recurse=True):
+        module = super()._apply(fn, recurse)
+        zero_bias = self._buffers.get("_zero_bias")
+        if zero_bias is not None and zero_bias.device.type != "meta":
+            with torch.no_grad():
+                zero_bias.zero_()
+        return module
+
+
 SEQUENCE_NAMES = ("input", "weights", "bias", "h0", "c0")
 
 

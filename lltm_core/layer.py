@@ -8,11 +8,11 @@ import torch
 import torch.nn.functional as F
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
 
-from ._checks import TorchSizeNames, layer_sizes
+from ._checks import TorchSizeNames, ZeroBias, layer_sizes
 from ._sequence import lltm_sequence
 
 
-class LLTMLayer(TorchSizeNames, torch.nn.Module):
+class LLTMLayer(TorchSizeNames, ZeroBias, torch.nn.Module):
     """A stack of LLTM layers run over sequences, as ``torch.nn.LSTM`` runs LSTMs.
 
     ``LLTMLayer(input_size, hidden_size, num_layers=1, bias=True,
