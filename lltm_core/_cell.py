@@ -7,7 +7,7 @@ import math
 import torch
 
 from . import _autograd, _registry
-from ._checks import TorchSizeNames, ZeroBias, check_lltm_args, layer_sizes
+from ._checks import TorchSizeNames, ZeroBias, check_lltm_args, check_module_call, layer_sizes
 from .backend import Backend
 
 _compiling = torch.compiler.is_compiling
@@ -96,6 +96,7 @@ class LLTM(TorchSizeNames, ZeroBias, torch.nn.Module):
             old_h = old_cell = zeros
         else:
             old_h, old_cell = self._check_state(hx, input.shape[0], unbatched)
+        check_module_call(self, input, self.weights, "hx", old_h, old_cell)
         new_h, new_cell = lltm(input, self.weights, bias, old_h, old_cell, backend=self.backend)
         if unbatched:
             return new_h.squeeze(0), new_cell.squeeze(0)
