@@ -107,9 +107,9 @@ INFERENCE_CHUNK_ROWS = 2048
 
 
 def sequence_forward(input, weights, bias, h0, c0, lengths, reverse, needs_backward=True):
-    # Functional operators only (no out= and no preallocated buffer written step by step): a
-    # program exported from this under torch.no_grad() must also run with grad mode on, where
-    # out= variants refuse inputs that require grad, and torch.vmap has no batching rule for them.
+    # No out= variants and no empty buffers filled step by step (the outputs are stacked at the
+    # end): a program exported from this under torch.no_grad() must also run with grad mode on,
+    # where out= refuses inputs that require grad, and torch.vmap batches no out= op.
     T, B, I = input.shape
     S = h0.shape[1]
     w_h, w_x = weights.split([S, I], dim=1)
@@ -117,15 +117,15 @@ def sequence_forward(input, weights, bias, h0, c0, lengths, reverse, needs_backw
     chunk = T if needs_backward else max(1, min(T, INFERENCE_CHUNK_ROWS // max(B, 1)))
     h, c = h0, c0
     order = _steps(T, reverse)
-    outputs, gate_steps, tanh_cells = [], [], []
+    outputs, tanh_cells = [], []
     for first in range(0, T, chunk):
         chunk_steps = order[first : first + chunk]
         n, lo = len(chunk_steps), min(chunk_steps[0], chunk_steps[-1])
         block = torch.addmm(bias, input[lo : lo + n].reshape(n * B, I), w_x.t()).view(n, B, 3 * S)
         for t in chunk_steps:
-            # A fresh tensor a step, activated in place through plain slices (autograd allows
-            # that of slices, not of split's views).
-            step = torch.addmm(block[t - lo], h, w_h.t())
+            # In place in the block (no allocation a step), activated through plain slices: autograd
+            # allows in-place ops on those, not on split's views.
+            step = block[t - lo].addmm_(h, w_h.t())
             step[:, : 2 * S].sigmoid_()
             _elu_(step[:, 2 * S :])
             input_gate, output_gate, candidate = step[:, :S], step[:, S : 2 * S], step[:, 2 * S :]
@@ -133,7 +133,6 @@ def sequence_forward(input, weights, bias, h0, c0, lengths, reverse, needs_backw
             tanh_c = torch.tanh(new_c)
             new_h = tanh_c * output_gate
             if needs_backward:
-                gate_steps.append(step)
                 tanh_cells.append(tanh_c)
             if lengths is None:
                 outputs.append(new_h)
@@ -144,12 +143,12 @@ def sequence_forward(input, weights, bias, h0, c0, lengths, reverse, needs_backw
                 outputs.append(torch.where(valid, new_h, 0))
                 h, c = torch.where(valid, new_h, h), torch.where(valid, new_c, c)
     if reverse:  # the lists hold the steps in the order they ran
-        for steps in (outputs, gate_steps, tanh_cells):
-            steps.reverse()
+        outputs.reverse()
+        tanh_cells.reverse()
     output = torch.stack(outputs) if T else input.new_empty(0, B, S)
     if not needs_backward:
         return output, h, c, input.new_empty(0), input.new_empty(0)
-    gates = torch.stack(gate_steps) if T else input.new_empty(0, B, 3 * S)
+    gates = block if T else input.new_empty(0, B, 3 * S)  # training: one chunk of all T steps, in step order
     tanh_cell = torch.stack(tanh_cells) if T else input.new_empty(0, B, S)
     return output, h, c, gates, tanh_cell
 
