@@ -113,3 +113,15 @@ def test_info_prints_the_torch_note(monkeypatch, capsys):
     data = cli.info_data()
     cli.print_info(data)
     assert "note: torch 2.9.1 is older than 2.10" in capsys.readouterr().out
+
+
+def test_autocast_under_torch_compile_fullgraph():
+    torch.manual_seed(5)
+    layer, linear = lltm_core.LLTMLayer(3, 5, backend="ref"), torch.nn.Linear(3, 3)
+    compiled = torch.compile(lambda x: layer(linear(x))[0], fullgraph=True)
+    x = torch.randn(4, 2, 3)
+    with torch.autocast("cpu", torch.bfloat16):
+        got, want = compiled(x), layer(linear(x))[0]
+    assert got.dtype == want.dtype == torch.bfloat16
+    torch.testing.assert_close(got, want, atol=2e-2, rtol=2e-2)
+    assert compiled(x).dtype == torch.float32  # recompiled without autocast
