@@ -128,10 +128,10 @@ def sequence_forward(input, weights, bias, h0, c0, lengths, reverse, needs_backw
         block.view(n * B, 3 * S).addmm_(input[lo : lo + n].reshape(n * B, I), w_x.t())
         for t in chunk_steps:
             # In place in the block (no allocation a step), activated through narrow's views: autograd
-            # allows in-place ops on those, not on split's (and narrow costs less than indexing).
+            # allows in-place ops on those, not on split's (which serves the views only read).
             step = block.select(0, t - lo).addmm_(h, w_h.t())
             sig_gates, candidate = step.narrow(1, 0, 2 * S).sigmoid_(), _elu_(step.narrow(1, 2 * S, S))
-            input_gate, output_gate = sig_gates.narrow(1, 0, S), sig_gates.narrow(1, S, S)
+            input_gate, output_gate = sig_gates.split_with_sizes([S, S], 1)
             new_c = torch.addcmul(c, candidate, input_gate)
             tanh_c = torch.tanh(new_c)
             new_h = tanh_c * output_gate
