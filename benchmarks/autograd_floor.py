@@ -29,7 +29,6 @@ import sys
 from pathlib import Path
 
 import torch
-from torch.utils import cpp_extension
 
 import lltm_core
 from lltm_core.benchmarking import PhaseTimes, interleaved
@@ -40,69 +39,7 @@ from lltm_core.benchmarking import busy_cpu_seconds, own_cpu_seconds
 # The step builders and sizes are bench_cpu.py's, so the floor rows time exactly its steps.
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_cpu import SMALL, TARGETS, make_gemm_step, make_step, small_size_table  # noqa: E402
-
-# The lltm_cpu operators found through the dispatcher, wrapped in a C++ autograd node.
-_CPP = r"""
-#include <ATen/core/dispatch/Dispatcher.h>
-#include <torch/csrc/autograd/custom_function.h>
-
-using torch::autograd::AutogradContext;
-using torch::autograd::variable_list;
-using Tensor = at::Tensor;
-
-struct LLTMFunction : torch::autograd::Function<LLTMFunction> {
-  static variable_list forward(AutogradContext* ctx, Tensor input, Tensor weights, Tensor bias, Tensor old_h,
-                               Tensor old_cell) {
-    static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("lltm_cpu::forward", "").typed<
-        std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor>(const Tensor&, const Tensor&, const Tensor&,
-                                                           const Tensor&, const Tensor&)>();
-    auto [new_h, new_cell, X, gates, tanh_cell] = op.call(input, weights, bias, old_h, old_cell);
-    ctx->save_for_backward({weights, X, gates, tanh_cell});
-    return {new_h, new_cell};
-  }
-
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("lltm_cpu::backward", "").typed<
-        std::tuple<Tensor, Tensor, Tensor, Tensor>(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                                                   const Tensor&, const Tensor&, bool)>();
-    const auto saved = ctx->get_saved_variables();
-    const bool needs_grad_X = ctx->needs_input_grad(0) || ctx->needs_input_grad(3);
-    auto [grad_X, grad_weights, grad_bias, grad_old_cell] =
-        op.call(grads[0], grads[1], saved[0], saved[1], saved[2], saved[3], needs_grad_X);
-    Tensor grad_input, grad_old_h;
-    if (needs_grad_X) {
-      const int64_t state_size = grads[0].size(1);
-      auto parts = grad_X.split_with_sizes({state_size, grad_X.size(1) - state_size}, 1);
-      grad_old_h = parts[0];
-      grad_input = parts[1];
-    }
-    return {grad_input, grad_weights, grad_bias, grad_old_h, grad_old_cell};
-  }
-};
-
-std::vector<Tensor> lltm(Tensor input, Tensor weights, Tensor bias, Tensor old_h, Tensor old_cell) {
-  return LLTMFunction::apply(input, weights, bias, old_h, old_cell);
-}
-
-// The same node with no kernels: outputs and gradients of the right shapes, never computed.
-struct NoKernelsFunction : torch::autograd::Function<NoKernelsFunction> {
-  static variable_list forward(AutogradContext* ctx, Tensor input, Tensor weights, Tensor bias, Tensor old_h,
-                               Tensor old_cell) {
-    ctx->save_for_backward({weights, bias});
-    return {at::empty_like(old_h), at::empty_like(old_cell)};
-  }
-
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    const auto saved = ctx->get_saved_variables();
-    return {Tensor(), at::empty_like(saved[0]), at::empty_like(saved[1]), Tensor(), Tensor()};
-  }
-};
-
-std::vector<Tensor> no_kernels(Tensor input, Tensor weights, Tensor bias, Tensor old_h, Tensor old_cell) {
-  return NoKernelsFunction::apply(input, weights, bias, old_h, old_cell);
-}
-"""
-
+from floor_nodes import build_floor_nodes  # noqa: E402
 
 def measure(steps: dict, rounds: int, steps_per_round: int, warmup: int) -> tuple[dict, float]:
     """{name: (median forward us, median backward us, median step us)}, timed interleaved, and the
@@ -181,11 +118,10 @@ def main() -> None:
     parser.add_argument("--output", help="write the Markdown report here as well as to stdout")
     args = parser.parse_args()
 
-    if not cpp_extension.is_ninja_available():
-        sys.exit("autograd_floor.py compiles a small C++ extension and needs ninja: pip install ninja")
     lltm_core.get_backend("cpu")  # registers the torch.ops.lltm_cpu operators the extension calls
-    extension = cpp_extension.load_inline("lltm_autograd_floor", cpp_sources=[_CPP], functions=["lltm", "no_kernels"],
-                                          extra_cflags=["-O2"])
+    extension = build_floor_nodes()  # floor_nodes.cpp, shared with core_overhead.py
+    if isinstance(extension, str):
+        sys.exit(f"autograd_floor.py: {extension}")
     torch.manual_seed(0)
     eager = SeedLLTM(SMALL["input_features"], SMALL["state_size"])
     through_core = lltm_core.LLTM(SMALL["input_features"], SMALL["state_size"], backend="cpu")

@@ -47,15 +47,17 @@ from __future__ import annotations
 
 import argparse
 import math
-import statistics
 import sys
-import time
 
 import torch
+from gpu_measure import (AGREEMENT_MULTIPLIER, cudnn_used, device_ms, report, sequence_agreement, sequence_inputs,
+                         summarize, verdict)
 
 import lltm_core
 from lltm_core._device import cuda_unavailable_reason
+from lltm_core.benchmarking import interleaved, phased
 from lltm_core.testing import SeedLLTM  # the tutorial's pure-PyTorch module
+from lltm_core.testing import max_rel_error
 
 SMALL = (16, 32, 128)  # (batch, input_features, state_size): the seed's size
 BIG = (4096, 1024, 2048)
@@ -83,11 +85,6 @@ def make_weights(size):
     return torch.randn(3 * S, S + I, device="cuda") / math.sqrt(S + I), torch.randn(3 * S, device="cuda")
 
 
-def max_rel_error(got, want) -> float:
-    # NaN counts as infinitely wrong (max() and comparisons would otherwise pass it over).
-    return ((got - want).abs().nan_to_num(nan=math.inf).max() / want.abs().max().clamp_min(1)).item()
-
-
 def check_agreement(model, seed, size) -> float:
     """Largest relative difference from the seed module in outputs and weight gradients."""
     x, h, c = make_state(size)
@@ -101,52 +98,28 @@ def check_agreement(model, seed, size) -> float:
 
 
 def seed_method(candidates: dict, size, rounds: int, warmup: int) -> dict:
-    """{name: (forward us, backward us)}: medians of the seed's per-call timing, candidates interleaved."""
+    """{name: (forward us, backward us)}: medians of the seed's per-call host timing (synchronised after
+    each phase), candidates interleaved by lltm_core.benchmarking."""
     x, h, c = make_state(size)
-    samples = {name: ([], []) for name in candidates}
-    for round_index in range(warmup + rounds):
-        for name, model in candidates.items():
+
+    def seed_call(model):
+        def forward():
             model.zero_grad(set_to_none=True)
             x.grad = h.grad = c.grad = None
-            start = time.perf_counter()
-            new_h, new_cell = model(x, (h, c))
-            torch.cuda.synchronize()
-            middle = time.perf_counter()
-            (new_h.sum() + new_cell.sum()).backward()
-            torch.cuda.synchronize()
-            end = time.perf_counter()
-            if round_index >= warmup:
-                samples[name][0].append(middle - start)
-                samples[name][1].append(end - middle)
-    return {name: (statistics.median(f) * 1e6, statistics.median(b) * 1e6) for name, (f, b) in samples.items()}
+            return model(x, (h, c))
 
+        return phased(forward, lambda out: (out[0].sum() + out[1].sum()).backward(), sync=torch.cuda.synchronize)
 
-def device_ms(fn, calls: int) -> float:
-    """Milliseconds of device time per call of fn, over `calls` back-to-back calls (CUDA events)."""
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(calls):
-        fn()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / calls
-
-
-def interleaved_device_ms(fns: dict, rounds: int = 10, calls: int = 10) -> dict:
-    for fn in fns.values():  # warm-up: cuBLAS heuristics, allocator
-        device_ms(fn, 2)
-    samples = {name: [] for name in fns}
-    for _ in range(rounds):
-        for name, fn in fns.items():
-            samples[name].append(device_ms(fn, calls))
-    return {name: statistics.median(s) for name, s in samples.items()}
+    timings = interleaved({name: seed_call(model) for name, model in candidates.items()}, calls=1, rounds=rounds,
+                          warmup=warmup)
+    return {name: (timings.median(name, 0) * 1e6, timings.median(name, 1) * 1e6) for name in candidates}
 
 
 def copy_bandwidth() -> float:
     """Bytes per second of a 1 GiB device-to-device copy, counting bytes read and written."""
     src = torch.randn(2**28, device="cuda")
     dst = torch.empty_like(src)
-    ms = interleaved_device_ms({"copy": lambda: dst.copy_(src)})["copy"]
+    ms = device_ms({"copy": lambda: dst.copy_(src)})["copy"]
     return 2 * src.nbytes / (ms / 1e3)
 
 
@@ -172,12 +145,6 @@ def pointwise_kernel_us(size, calls: int = 20) -> dict:
             if f"lltm_{direction}_kernel" in event.key:
                 times[direction] = event.device_time_total / event.count
     return times
-
-
-def verdict(ratio: float, target: float, at_most: bool = True) -> str:
-    """A performance target: "met" or "MISSED".  FAIL is kept for checks that found something wrong."""
-    met = ratio <= target if at_most else ratio >= target
-    return "met" if met else "MISSED"
 
 
 def run(args) -> list[str]:
@@ -227,7 +194,7 @@ def run(args) -> list[str]:
     B, I, S = BIG
     X = torch.cat([h, x], dim=1)
     with torch.no_grad():
-        ms = interleaved_device_ms({
+        ms = device_ms({
             "gemm": lambda: torch.addmm(bias, X, weights.t()),
             "forward": lambda: lltm_core.lltm(x, weights, bias, h, c, backend="cuda"),
         })
@@ -272,23 +239,6 @@ SEQUENCE_TARGETS = {  # lltm-cuda / baseline, at most
 }
 
 
-def sequence_inputs(size, dtype):
-    """(x, weights, bias, h0, c0) for lltm_sequence, scaled as the kit scales them; x and the parameters need grad."""
-    from lltm_core.testing import make_sequence_inputs
-
-    x, weights, bias, h0, c0 = make_sequence_inputs(*size, dtype=dtype, device="cuda", requires_grad=False)
-    return x.requires_grad_(), weights.requires_grad_(), bias.requires_grad_(), h0, c0
-
-
-def cudnn_used(lstm, x, state) -> bool:
-    """Whether this nn.LSTM call ran cuDNN's RNN (aten::_cudnn_rnn) rather than torch's own cell loop."""
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
-        lstm(x, state)
-    return any("cudnn_rnn" in event.key for event in prof.key_averages())
-
-
 def graphed(fn):
     """fn captured in a CUDA graph (after a warm-up on a side stream, as torch's docs say): returns replay."""
     side = torch.cuda.Stream()
@@ -301,32 +251,6 @@ def graphed(fn):
     with torch.cuda.graph(graph):
         fn()
     return graph.replay
-
-
-def sequence_agreement(size, dtype, backend="cuda") -> tuple[float, float]:
-    """Largest relative error of lltm-cuda's (or ``backend``'s) sequence, outputs and all gradients,
-    against lltm-ref's in float64; and the same error of lltm-ref itself run in ``dtype``, on the same
-    inputs.  Over T64 an LLTM's state grows (no forget gate) and bfloat16's rounding compounds through
-    h's recurrence, so the kit's short-sequence tolerance is no bar there: the reference algorithm's
-    own error in the dtype is (as torch's inductor tests hold compiled code to eager's error)."""
-    from lltm_core.testing import max_rel_error
-
-    inputs = [t.detach().requires_grad_() for t in sequence_inputs(size, dtype)]
-    ref_inputs = [t.detach().double().requires_grad_() for t in inputs]
-    want = lltm_core.lltm_sequence(*ref_inputs, backend="ref")
-    upstream = [torch.randn(t.shape, dtype=torch.float64, device=t.device) for t in want]
-    want_grads = torch.autograd.grad(want, ref_inputs, upstream)
-    errors = []
-    for name in (backend, "ref"):
-        got = lltm_core.lltm_sequence(*inputs, backend=name)
-        grads = torch.autograd.grad(got, inputs, [u.to(dtype) for u in upstream])
-        errors.append(max(max_rel_error(g, w) for g, w in zip((*got, *grads), (*want, *want_grads))))
-    return errors[0], errors[1]
-
-
-#: lltm-cuda's sequence may err at most this many times what lltm-ref errs in the same dtype (and at
-#: most the kit's tolerance wherever that is larger); torch's inductor tests use 2 the same way.
-AGREEMENT_MULTIPLIER = 2.0
 
 
 def run_sequence(args) -> list[str]:
@@ -358,7 +282,7 @@ def run_sequence(args) -> list[str]:
         T, B, I, S = size
         for dtype in SEQUENCE_DTYPES:
             where = f"T{T} B{B} I{I} S{S} {str(dtype)[6:]}"
-            error, ref_error = sequence_agreement(size, dtype)
+            error, ref_error = sequence_agreement(size, dtype, "cuda")
             bound = max(tolerance(dtype), AGREEMENT_MULTIPLIER * ref_error)
             basis = f"{AGREEMENT_MULTIPLIER:g}x lltm-ref's" if bound > tolerance(dtype) else "the kit's tolerance"
             print(f"{where}: largest relative error against lltm-ref in float64: lltm-cuda {error:.2e}, "
@@ -385,7 +309,7 @@ def run_sequence(args) -> list[str]:
             def lstm_step():
                 torch.autograd.backward(lstm_forward(), grad_out)
 
-            ms = interleaved_device_ms({"lltm fwd": lltm_forward, "lstm fwd": lstm_forward, "lltm step": lltm_step,
+            ms = device_ms({"lltm fwd": lltm_forward, "lstm fwd": lstm_forward, "lltm step": lltm_step,
                                         "lstm step": lstm_step}, rounds=args.sequence_rounds,
                                        calls=args.sequence_calls)
             row(size_name, dtype, "forward vs nn.LSTM", ms["lltm fwd"], ms["lstm fwd"], baseline)
@@ -410,7 +334,7 @@ def run_sequence(args) -> list[str]:
                         print(f"{where}: capturing the GEMMs failed ({type(exc).__name__}: {exc}); timing them eagerly",
                               file=sys.stderr)
                         floor, how = gemms, "its GEMMs, eager"
-                    ms = interleaved_device_ms({"forward": lltm_forward, "gemms": floor}, rounds=args.sequence_rounds,
+                    ms = device_ms({"forward": lltm_forward, "gemms": floor}, rounds=args.sequence_rounds,
                                                calls=args.sequence_calls)
                 row(size_name, dtype, "forward vs its GEMMs", ms["forward"], ms["gemms"], how)
 
@@ -442,7 +366,7 @@ def inference_rows(args) -> list[str]:
             def lltm_forward():
                 return lltm_core.lltm_sequence(x, weights, bias, h0, c0, backend="cuda")[0]
 
-            ms = interleaved_device_ms({"lltm": lltm_forward, "lstm": lambda: lstm(x, (h0[None], c0[None]))[0]},
+            ms = device_ms({"lltm": lltm_forward, "lstm": lambda: lstm(x, (h0[None], c0[None]))[0]},
                                        rounds=args.sequence_rounds, calls=args.sequence_calls)
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
@@ -487,7 +411,7 @@ def graph_rows(args) -> list[str]:
             if not all(max_rel_error(g, w) <= 1e-5 for g, w in zip(results[key], want)):
                 rows.append(f"| {name} | | | | FAIL: the graph's replay computed other numbers than the eager call |")
                 continue
-            ms = interleaved_device_ms({"eager": fn, "graph": replay}, rounds=args.sequence_rounds,
+            ms = device_ms({"eager": fn, "graph": replay}, rounds=args.sequence_rounds,
                                        calls=args.sequence_calls)
         except Exception as exc:  # not capturable is an answer too (then no graph can pay), not a wrong result
             rows.append(f"| {name} | | | | not measured: {type(exc).__name__}: {str(exc).splitlines()[0][:120]} |")
@@ -519,27 +443,6 @@ def main(argv=None) -> int:
             lines += run_sequence(args)
         failed = summarize(lines, f"bench_gpu.py ({args.part})", "the tables")
     return report(lines, args.markdown, failed)
-
-
-def summarize(lines: list[str], name: str, where: str) -> int:
-    """Append the line gpu_check.sh shows for this step; return how many checks FAILed.
-
-    A missed target is a result to report (with its floor); a FAIL row is a check that went wrong.
-    """
-    failed = sum("| FAIL" in line for line in lines)
-    missed = sum(line.rstrip().endswith("| MISSED |") for line in lines)
-    lines += ["", f"{name}: {failed} check(s) FAIL, {missed} target(s) MISSED (see {where})."]
-    return failed
-
-
-def report(lines: list[str], markdown: str | None, failed: int) -> int:
-    """Print the report (and write it to ``markdown``); the exit code: 1 if a check FAILed."""
-    text = "\n".join(lines) + "\n"
-    print(text, end="")
-    if markdown:
-        with open(markdown, "w") as f:
-            f.write(text)
-    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -12,8 +12,8 @@ TF32 whenever torch.backends.cudnn.allow_tf32 is True, its default, so only thes
 fair.  For each: which backend lltm-core chooses and what triton's should_run said (so the limits in
 lltm_triton/_policy.py can be revised from the figures), triton's agreement with lltm-ref in
 float64, then the forward (inputs requiring grad, so the saved tensors are written) and the
-forward+backward, as device time per call (bench_gpu.py's method: CUDA events over back-to-back
-calls, candidates interleaved).  triton is named explicitly, so it runs even where should_run
+forward+backward, as device time per call (gpu_measure.py's, as bench_gpu.py times: CUDA events
+over back-to-back calls, candidates interleaved by lltm_core.benchmarking).  triton is named explicitly, so it runs even where should_run
 declines: those rows measure what the decline avoids.  Last, the cell (one step) at B16 I32 S128
 against lltm-cuda's, forward+backward.
 
@@ -26,10 +26,13 @@ import argparse
 import sys
 
 import torch
+from gpu_measure import (AGREEMENT_MULTIPLIER, cudnn_used, device_ms, report, sequence_agreement, sequence_inputs,
+                         summarize, verdict)
 
 import lltm_core
 from lltm_core import Call
 from lltm_core._device import cuda_unavailable_reason
+from lltm_core.testing import make_inputs
 
 SIZES = {"tutorial": (64, 16, 32, 128), "mid": (256, 32, 128, 256), "big": (64, 256, 1024, 1024)}
 MODES = [("bfloat16", torch.bfloat16, True), ("float32 TF32", torch.float32, True),
@@ -72,8 +75,6 @@ def choice(size, dtype) -> str:
 
 
 def run(args) -> list[str]:
-    from bench_gpu import (AGREEMENT_MULTIPLIER, cudnn_used, interleaved_device_ms, sequence_agreement, sequence_inputs,
-                           verdict)
     from lltm_core.testing import tolerance
 
     lltm_core.get_backend("triton", device="cuda", dtype=torch.float32)  # raises with the reason
@@ -90,7 +91,7 @@ def run(args) -> list[str]:
             T, B, I, S = size
             where = f"T{T} B{B} I{I} S{S}"
             notes.append(f"- {where} {mode}: {choice(size, dtype)}")
-            error, ref_error = sequence_agreement(size, dtype, backend="triton")
+            error, ref_error = sequence_agreement(size, dtype, "triton")
             # As bench_gpu.py judges lltm-cuda: at most twice lltm-ref's own error in the dtype, where larger.
             bound = max(TF32_TOLERANCE if mode == "float32 TF32" else tolerance(dtype), AGREEMENT_MULTIPLIER * ref_error)
             print(f"{where} {mode}: largest relative error against lltm-ref in float64: lltm-triton {error:.2e}, "
@@ -116,7 +117,7 @@ def run(args) -> list[str]:
             if have_cuda:
                 candidates["lltm-cuda"] = lltm("cuda")
             for measure, wrap in (("forward", lambda f: f), ("forward+backward", step)):
-                times = interleaved_device_ms({n: wrap(f) for n, f in candidates.items()}, args.rounds, args.calls)
+                times = device_ms({n: wrap(f) for n, f in candidates.items()}, args.rounds, args.calls)
                 ours = times.pop("lltm-triton")
                 for base_name, base in times.items():
                     target = TARGETS.get((size_name, mode, measure, base_name.replace(", NOT cuDNN", "")))
@@ -132,16 +133,13 @@ def run(args) -> list[str]:
 def cell_rows(args, have_cuda) -> list[str]:
     """One step at B16 I32 S128, forward+backward: lltm-triton's one launch each way, from Triton's Python
     launcher, against lltm-cuda's C++ operators (GEMM on cuBLAS): whether _policy's CELL_MACS default holds."""
-    from bench_gpu import interleaved_device_ms, make_state, make_weights
-
     if not have_cuda:
         return ["", "The cell: not compared (lltm-cuda not available)."]
     lines = ["", "The cell at B16 I32 S128, forward+backward (device time per call, launch gaps included):", "",
              "| dtype | lltm-triton | lltm-cuda | ratio |", "| --- | --- | --- | --- |"]
     set_tf32(True)
     for dtype in (torch.bfloat16, torch.float32):
-        x, h, c = (t.detach().to(dtype).requires_grad_() for t in make_state((16, 32, 128)))
-        weights, bias = (t.to(dtype).requires_grad_() for t in make_weights((16, 32, 128)))
+        x, weights, bias, h, c = make_inputs(16, 32, 128, dtype=dtype, device="cuda")  # all requiring grad
 
         def step(name):
             def run():
@@ -149,15 +147,13 @@ def cell_rows(args, have_cuda) -> list[str]:
                 (new_h.sum() + new_c.sum()).backward()
             return run
 
-        times = interleaved_device_ms({"triton": step("triton"), "cuda": step("cuda")}, args.rounds, args.calls * 4)
+        times = device_ms({"triton": step("triton"), "cuda": step("cuda")}, args.rounds, args.calls * 4)
         lines.append(f"| {str(dtype)[6:]} | {times['triton']:.3f} ms | {times['cuda']:.3f} ms | "
                      f"{times['triton'] / times['cuda']:.3f} |")
     return lines
 
 
 def main(argv=None) -> int:
-    from bench_gpu import report, summarize
-
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--markdown", metavar="PATH", help="also write the report to this Markdown file")
     parser.add_argument("--rounds", type=int, default=5, help="timed rounds per candidate")

@@ -25,7 +25,7 @@ a ratio taken within one round sees both candidates at the same speed.
   expanded gradient autograd would) and the floors under it: the bare kernels
   followed by a Python autograd.Function that computes nothing (six saved tensors,
   as lltm_core's); the minimal Function itself; the same kernels in a C++
-  torch::autograd::Function (compiled here with load_inline; the row says so when
+  torch::autograd::Function (floor_nodes.cpp, shared with autograd_floor.py; the row says so when
   it cannot be built); and LLTMLayer as it is but with that C++ node in place of
   lltm_core's Python autograd.Function.  Skipped, saying so, where lltm-cpu is not
   installed.
@@ -176,14 +176,14 @@ def sequence_table(rounds: int) -> tuple[list[str], bool]:
     if not isinstance(node, str):
         def cpp_node_train():
             x.grad = weights.grad = bias.grad = None
-            node.apply(x, weights, bias, zeros)[0].sum().backward()
+            node.sequence(x, weights, bias, zeros)[0].sum().backward()
 
         # LLTMLayer as it is (every check, the choice of backend, its own Python), with that C++ node in
         # place of lltm_core's Python autograd.Function: what a backend-supplied C++ node would bring,
         # measured before anyone builds one.
         def cpp_node_in_layer(backend, input, weights, bias, h0, c0, lengths, reverse):
             assert h0 is c0 and lengths is None and not reverse  # the layer's zero-state call: the node's only one
-            return node.apply(input, weights, bias, h0)
+            return node.sequence(input, weights, bias, h0)
 
         python_node = _sequence._apply_without_functorch
 
@@ -229,64 +229,11 @@ def sequence_table(rounds: int) -> tuple[list[str], bool]:
     return lines, ok and met
 
 
-# lltm-cpu's sequence operators, called through the dispatcher from a C++ autograd node that
-# saves what _SequenceFunction saves.
-_CPP_NODE = r"""
-#include <torch/extension.h>
-#include <ATen/core/dispatch/Dispatcher.h>
-
-namespace {
-using torch::autograd::AutogradContext;
-using torch::autograd::variable_list;
-
-const c10::OperatorHandle& forward_op() {
-  static const c10::OperatorHandle handle =
-      c10::Dispatcher::singleton().findSchemaOrThrow("lltm_cpu::sequence_forward", "");
-  return handle;
-}
-
-const c10::OperatorHandle& backward_op() {
-  static const c10::OperatorHandle handle =
-      c10::Dispatcher::singleton().findSchemaOrThrow("lltm_cpu::sequence_backward", "");
-  return handle;
-}
-
-struct SequenceNode : public torch::autograd::Function<SequenceNode> {
-  static variable_list forward(AutogradContext* ctx, at::Tensor input, at::Tensor weights, at::Tensor bias,
-                               at::Tensor zeros) {
-    std::vector<c10::IValue> stack{input, weights, bias, zeros, zeros, c10::IValue(), false, true};
-    forward_op().callBoxed(stack);
-    ctx->save_for_backward({input, weights, zeros, stack[0].toTensor(), stack[3].toTensor(), stack[4].toTensor()});
-    return {stack[0].toTensor(), stack[1].toTensor(), stack[2].toTensor()};
-  }
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    const variable_list saved = ctx->get_saved_variables();  // input, weights, zeros, output, gates, tanh_cell
-    auto defined = [](const at::Tensor& grad, const at::Tensor& like) { return grad.defined() ? grad : at::zeros_like(like); };
-    std::vector<c10::IValue> stack{defined(grads[0], saved[3]), defined(grads[1], saved[2]), defined(grads[2], saved[2]),
-                                   saved[1], saved[0], saved[2], saved[3], c10::IValue(), saved[4], saved[5], false, true};
-    backward_op().callBoxed(stack);
-    return {stack[0].toTensor(), stack[1].toTensor(), stack[2].toTensor(), at::Tensor()};
-  }
-};
-}  // namespace
-
-std::vector<at::Tensor> apply(at::Tensor input, at::Tensor weights, at::Tensor bias, at::Tensor zeros) {
-  return SequenceNode::apply(input, weights, bias, zeros);
-}
-"""
-
-
 def _cpp_sequence_node():
-    """The compiled C++ node's module, or why it could not be built."""
-    from torch.utils import cpp_extension
+    """The compiled C++ nodes' module (floor_nodes.cpp, shared with autograd_floor.py), or why it could not be built."""
+    from floor_nodes import build_floor_nodes
 
-    if not cpp_extension.is_ninja_available():
-        return "ninja is not installed (pip install ninja)"
-    try:
-        return cpp_extension.load_inline("lltm_core_overhead_node", cpp_sources=[_CPP_NODE], functions=["apply"],
-                                         extra_cflags=["-O2"])
-    except Exception as error:  # no compiler, or headers that do not match: say so in the table
-        return f"the C++ node did not build ({type(error).__name__})"
+    return build_floor_nodes()
 
 
 class _MinimalSequence(torch.autograd.Function):

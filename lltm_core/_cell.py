@@ -7,7 +7,7 @@ import math
 import torch
 
 from . import _ops, _registry
-from ._checks import TorchSizeNames, check_lltm_args, layer_sizes
+from ._checks import TorchSizeNames, ZeroBias, check_lltm_args, check_module_call, layer_sizes
 from ._ops import CELL
 from .backend import Backend
 
@@ -47,7 +47,7 @@ def lltm(input, weights, bias, old_h, old_cell, *, backend: str | Backend | None
     return out[0], out[1]
 
 
-class LLTM(TorchSizeNames, torch.nn.Module):
+class LLTM(TorchSizeNames, ZeroBias, torch.nn.Module):
     """The LLTM cell as a module, with ``torch.nn.LSTMCell``'s interface; its ``state_dict`` matches the tutorial's.
 
     ``LLTM(input_size, hidden_size, bias=True, *, backend=None, device=None,
@@ -102,6 +102,7 @@ class LLTM(TorchSizeNames, torch.nn.Module):
             old_h = old_cell = zeros
         else:
             old_h, old_cell = self._check_state(hx, input.shape[0], unbatched)
+        check_module_call(self, input, self.weights, "hx", old_h, old_cell)
         new_h, new_cell = lltm(input, self.weights, bias, old_h, old_cell, backend=self.backend)
         if unbatched:
             return new_h.squeeze(0), new_cell.squeeze(0)

@@ -122,6 +122,50 @@ class TorchSizeNames:
         return self.state_size
 
 
+def check_module_call(module, input: torch.Tensor, parameter: torch.Tensor, state_name: str, h, c) -> None:
+    """A module's call: ``input`` in its parameters' dtype and on their device, the state ``h`` and
+    ``c`` (named ``state_name``, as the module's caller passed it) in the input's.
+
+    The functional checks compare everything with ``input`` and name lltm()'s arguments: from a
+    module, an input of the wrong dtype is the input's to change, and ``hx`` is what its caller
+    gave, not ``old_h``.
+    """
+    dtype, device = input.dtype, input.device
+    # Written out, no generator: this runs on every step of a loop over the cell.
+    if (dtype is parameter.dtype and h.dtype is dtype and c.dtype is dtype
+            and device == parameter.device and h.device == device and c.device == device):
+        return
+    described = f"{type(module).__name__}({module.extra_repr()})"
+    if dtype != parameter.dtype:
+        raise TypeError(f"{described}: input has dtype {dtype}, expected {parameter.dtype} "
+                        f"(the dtype of the parameters; .to() the module or the input)")
+    if device != parameter.device:
+        raise ValueError(f"{described}: input is on {device}, expected {parameter.device} "
+                         f"(where the parameters are; .to() the module or the input)")
+    for name, t in (("h", h), ("c", c)):
+        if t.dtype != dtype:
+            raise TypeError(f"{described}: {state_name}'s {name} has dtype {t.dtype}, expected {dtype} "
+                            f"(the dtype of input)")
+        if t.device != device:
+            raise ValueError(f"{described}: {state_name}'s {name} is on {t.device}, expected {device} "
+                             f"(the device of input)")
+
+
+class ZeroBias:
+    """For a module built with ``bias=False``: the zeros its kernels get as bias, a non-persistent buffer
+    ``_zero_bias`` (not in the state_dict, as nn.LSTM(bias=False) has none), zero again after every
+    ``_apply``.  ``to_empty()`` (how a module built on the meta device gets its storage) leaves any
+    buffer uninitialised, and load_state_dict never fills one that is not persisted."""
+
+    def _apply(self, fn, recurse=True):
+        module = super()._apply(fn, recurse)
+        zero_bias = self._buffers.get("_zero_bias")
+        if zero_bias is not None and zero_bias.device.type != "meta":
+            with torch.no_grad():
+                zero_bias.zero_()
+        return module
+
+
 SEQUENCE_NAMES = ("input", "weights", "bias", "h0", "c0")
 
 
@@ -171,7 +215,9 @@ def check_sequence_args(input, weights, bias, h0, c0, lengths, reverse, *, check
                   f"(from h0)")
     _check_dtypes_and_devices(caller, zip(SEQUENCE_NAMES, args))
     if not isinstance(reverse, bool):
-        raise TypeError(f"{caller}: reverse must be a bool, got {type(reverse).__name__}")
+        kind = type(reverse)  # numpy's bool is called bool too: name its module
+        named = kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
+        raise TypeError(f"{caller}: reverse must be a bool, got {named} {reverse!r} (pass bool(reverse))")
     if lengths is not None:
         check_lengths(caller, lengths, T, B, check_values=check_values)
 

@@ -54,6 +54,7 @@ def info_data() -> dict:
         "selection": selection,
         "environment": {v: os.environ.get(v) for v in (_discovery.ENV_BACKEND, _discovery.ENV_DISABLE)},
         "environment_notes": _environment_notes(backends),
+        "torch_note": _torch_too_old_note(torch.__version__),
     }
 
 
@@ -74,6 +75,26 @@ def _choice_for_device(device_type: str, dtype: torch.dtype) -> tuple[str | None
     return b.name, why
 
 
+#: The oldest torch the lltm wheels take (their Requires-Dist; the compiled backends' stable ABI).
+OLDEST_TORCH = (2, 10)
+
+
+def _torch_too_old_note(version: str) -> str:
+    """What to do with a torch older than the wheels need, or "" for one new enough."""
+    try:
+        release = tuple(int(part) for part in version.split("+")[0].split(".")[:2])
+    except ValueError:
+        return ""
+    if release >= OLDEST_TORCH:
+        return ""
+    wanted = ".".join(map(str, OLDEST_TORCH))
+    return (f"torch {version} is older than {wanted}, which lltm's packages need (lltm-cpu and lltm-cuda "
+            f"cannot load on it). Upgrade torch yourself first, from the index of the build you want, e.g. "
+            f"pip install 'torch>={wanted}' --index-url https://download.pytorch.org/whl/cpu (CPU only): "
+            f"left to pip, installing an lltm package replaces it with the newest torch on PyPI, on Linux "
+            f"a CUDA build with several GB of CUDA libraries")
+
+
 def _environment_notes(backends: list[dict]) -> list[str]:
     """Names in LLTM_DISABLE_BACKENDS that hide nothing: a typo there is otherwise silent."""
     known = sorted({b["name"] for b in backends})
@@ -92,6 +113,8 @@ def print_info(data: dict) -> None:
     print(f"lltm-core {data['lltm_core']} (backend interface {data['interface_version']})")
     print(f"torch {data['torch']} (CUDA {data['torch_cuda'] or 'none'}), Python {data['python']}, "
           f"CPU capability {data['cpu_capability']}")
+    if data["torch_note"]:
+        print(f"  note: {data['torch_note']}")
     print("\nDevices:")
     for d in data["devices"]:
         state = f"available {d['name']}".rstrip() if d["available"] else f"unavailable: {d['reason']}"
@@ -149,6 +172,10 @@ def _run(args) -> int:
     from . import bench
 
     if args.command == "info" and (args.explain or args.shape):
+        if not args.explain:
+            print(f"lltm info: --shape goes with --explain cell|sequence (the call whose choice to trace), "
+                  f"e.g. lltm info --explain sequence --shape 64,16,32,128", file=sys.stderr)
+            return 2
         return _explain(args)
     if args.command == "info":
         data = info_data()
@@ -167,15 +194,29 @@ def _explain(args) -> int:
 
     want = 4 if args.explain == "sequence" else 3
     sizes = (args.shape or "").split(",")
-    if not args.explain or len(sizes) != want or not all(v.strip().isdigit() for v in sizes):
+    if len(sizes) != want or not all(v.strip().isdigit() for v in sizes):
         form = "T,B,I,S" if args.explain == "sequence" else "B,I,S"
-        print(f"lltm info: --explain {args.explain or 'cell|sequence'} needs --shape {form} "
+        print(f"lltm info: --explain {args.explain} needs --shape {form} "
               f"(non-negative integers), got --shape {args.shape!r}", file=sys.stderr)
+        return 2
+    try:
+        device = torch.device(args.device)
+    except RuntimeError:
+        print(f"lltm info: --device {args.device!r} is not a device torch knows; give a device type such as "
+              f"cpu or cuda (the devices lltm knows: {', '.join(d for d, _ in _devices())})", file=sys.stderr)
         return 2
     sizes = [int(v) for v in sizes]
     steps, (batch, features, state) = (sizes[0], sizes[1:]) if want == 4 else (None, sizes)
-    call = Call(args.explain, torch.device(args.device).type, getattr(torch, args.dtype), batch, features, state,
+    call = Call(args.explain, device.type, getattr(torch, args.dtype), batch, features, state,
                 steps, not args.inference)
+    rejected = _argument_error(call)
+    if rejected:  # lltm_core refuses such a call before asking any backend
+        if args.json:
+            json.dump({"call": call.describe(), "rejected": rejected, "trace": []}, sys.stdout, indent=2)
+            print()
+        else:
+            print(f"Call: {call.describe()}\n-> rejected before any backend is asked: {rejected}")
+        return 1
     trace = explain(call)
     if args.json:
         json.dump({"call": call.describe(), "trace": [t._asdict() for t in trace]}, sys.stdout, indent=2)
@@ -186,6 +227,25 @@ def _explain(args) -> int:
     chosen = [t.name for t in trace if t.verdict == "chosen"]
     print(f"-> {chosen[0]}" if chosen else "-> no backend can run this call")
     return 0 if chosen else 1
+
+
+def _argument_error(call) -> str | None:
+    """The argument checks' message for ``call`` (run on meta tensors of its sizes), or None if it passes them."""
+    from ._checks import check_lltm_args, check_sequence_args
+
+    def empty(*shape):
+        return torch.empty(shape, dtype=call.dtype, device="meta")
+
+    B, I, S = call.batch, call.input_features, call.state_size
+    weights, bias, state = empty(3 * S, S + I), empty(3 * S), empty(B, S)
+    try:
+        if call.op == "sequence":
+            check_sequence_args(empty(call.steps, B, I), weights, bias, state, state, None, False)
+        else:
+            check_lltm_args(empty(B, I), weights, bias, state, state)
+    except (TypeError, ValueError) as exc:
+        return str(exc)
+    return None
 
 
 if __name__ == "__main__":

@@ -20,6 +20,10 @@ a backend that saves what lltm-ref saves passes them as its ``Backend`` fields.
 
 from __future__ import annotations
 
+import functools
+import re
+from pathlib import Path
+
 import torch
 
 
@@ -72,33 +76,68 @@ def torch_mismatch(built_for: str, distribution: str) -> str | None:
     )
 
 
+#: The contract's schemas, declared once for C++ and Python: compiled backends define their
+#: operators with this header's strings, and register_fake_kernels reads it.
+SCHEMA_HEADER = Path(__file__).resolve().parent / "include" / "lltm_schema.h"
+
+
+@functools.cache
+def contract_schemas() -> dict[str, str]:
+    """``{operator name: schema}`` of the contract, as ``lltm_core/include/lltm_schema.h`` declares them."""
+    text = SCHEMA_HEADER.read_text().replace("\\\n", " ")  # one line per #define
+    schemas = {}
+    for literals in re.findall(r'^#define LLTM_SCHEMA_\w+\s+((?:"[^"]*"\s*)+)$', text, re.MULTILINE):
+        schema = "".join(re.findall(r'"([^"]*)"', literals))
+        schemas[schema.split("(", 1)[0]] = schema
+    if set(schemas) != {"forward", "backward", "sequence_forward", "sequence_backward"}:
+        raise RuntimeError(f"{SCHEMA_HEADER} declares {sorted(schemas)}: reinstall lltm-core")
+    return schemas
+
+
+def _bind_by_name(namespace: str, name: str):
+    """For ``namespace::name``: a function from a call's (args, kwargs) to {argument name: value}, after
+    checking that the library defines the operator with the contract's schema."""
+    declared = torch._C.parse_schema(f"{namespace}::{contract_schemas()[name]}")
+    defined = getattr(getattr(torch.ops, namespace), name).default._schema
+    if str(defined) != str(declared):
+        raise RuntimeError(
+            f"{namespace}::{name} is defined as {defined}, and lltm-core's contract ({SCHEMA_HEADER.name}) "
+            f"declares {declared}: rebuild the backend against this lltm-core")
+    names = [argument.name for argument in declared.arguments]
+    defaults = {a.name: a.default_value for a in declared.arguments if a.has_default_value()}
+
+    def bind(args, kwargs):
+        return {**defaults, **dict(zip(names, args)), **kwargs}
+
+    return bind
+
+
 def register_fake_kernels(namespace: str, saved_layout, sequence_saved_layout=None) -> None:
     """Register fake kernels for a compiled backend's operators of the contract's schemas.
 
     ``namespace::forward`` and ``namespace::backward`` (the step) and, given
     ``sequence_saved_layout``, ``namespace::sequence_forward`` and
-    ``namespace::sequence_backward``, with the signatures lltm_cpu's schema
-    declares (backends/lltm_cpu/csrc/lltm.cpp).  With them the operators run
-    under FakeTensorMode, torch.compile and torch.export (symbolic sizes
-    included).  Call it once, after loading the library that defines them.
+    ``namespace::sequence_backward``, which the library must define with the schemas of
+    ``lltm_core/include/lltm_schema.h`` (checked here: a library built against another contract
+    is an error).  With them the operators run under FakeTensorMode, torch.compile and
+    torch.export (symbolic sizes included).  Call it once, after loading the library that
+    defines them.
     """
     from . import _fake
 
-    torch.library.register_fake(f"{namespace}::forward")(
-        lambda input, weights, bias, old_h, old_cell: _fake.cell_forward(saved_layout, input, old_h))
-    # backward(grad_new_h, grad_new_cell, weights, *saved, needs_grad_X)
-    torch.library.register_fake(f"{namespace}::backward")(
-        lambda grad_new_h, grad_new_cell, weights, *rest: _fake.cell_backward(grad_new_h, weights, rest[-1]))
-    if sequence_saved_layout is None:
-        return
-    torch.library.register_fake(f"{namespace}::sequence_forward")(
-        lambda input, weights, bias, h0, c0, lengths, reverse, needs_backward=True:
-        _fake.sequence_forward(sequence_saved_layout, input, h0, needs_backward))
-    # sequence_backward(grad_output, grad_h_n, grad_c_n, weights, input, h0, output, lengths, *saved,
-    #                   reverse, needs_grad_input)
-    torch.library.register_fake(f"{namespace}::sequence_backward")(
-        lambda grad_output, grad_h_n, grad_c_n, weights, input, h0, output, lengths, *rest:
-        _fake.sequence_backward(input, weights, h0, rest[-1]))
+    fakes = {
+        "forward": lambda a: _fake.cell_forward(saved_layout, a["input"], a["old_h"]),
+        "backward": lambda a: _fake.cell_backward(a["grad_new_h"], a["weights"], a["needs_grad_X"]),
+    }
+    if sequence_saved_layout is not None:
+        fakes["sequence_forward"] = lambda a: _fake.sequence_forward(
+            sequence_saved_layout, a["input"], a["h0"], a["needs_backward"])
+        fakes["sequence_backward"] = lambda a: _fake.sequence_backward(
+            a["input"], a["weights"], a["h0"], a["needs_grad_input"])
+    for name, fake in fakes.items():
+        bind = _bind_by_name(namespace, name)
+        torch.library.register_fake(f"{namespace}::{name}")(
+            lambda *args, _fake=fake, _bind=bind, **kwargs: _fake(_bind(args, kwargs)))
 
 
 # What a backend built on torch's stable ABI checks before it loads its library, in this order:

@@ -3,21 +3,23 @@
 from __future__ import annotations
 
 import math
+import warnings
 
 import torch
 import torch.nn.functional as F
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
 
-from ._checks import TorchSizeNames, layer_sizes
+from ._checks import TorchSizeNames, ZeroBias, layer_sizes
 from ._sequence import lltm_sequence
 
 
-class LLTMLayer(TorchSizeNames, torch.nn.Module):
+class LLTMLayer(TorchSizeNames, ZeroBias, torch.nn.Module):
     """A stack of LLTM layers run over sequences, as ``torch.nn.LSTM`` runs LSTMs.
 
     ``LLTMLayer(input_size, hidden_size, num_layers=1, bias=True,
-    batch_first=False, dropout=0.0, bidirectional=False, *, backend=None,
-    device=None, dtype=None)``, nn.LSTM's signature; the tutorial's names
+    batch_first=False, dropout=0.0, bidirectional=False, proj_size=0, *,
+    backend=None, device=None, dtype=None)``, nn.LSTM's signature (``proj_size``
+    0 only: the LLTM has no projection); the tutorial's names
     ``input_features`` and ``state_size`` are accepted too.  Porting from
     nn.LSTM means changing the class name.  With D = 2 if bidirectional else
     1 and L = num_layers, ``forward(input, hx=None)`` returns
@@ -39,10 +41,16 @@ class LLTMLayer(TorchSizeNames, torch.nn.Module):
     outputs of every layer but the last, in training only.  Each layer and
     direction is one :func:`lltm_core.lltm_sequence` call, on the backend
     chosen for the tensors (or ``backend``).
+
+    Under ``torch.autocast`` for the input's device the layer follows autocast's rule for
+    recurrent layers (nn.LSTM's ``mkldnn_rnn_layer`` on CPU, ``_cudnn_rnn`` on CUDA, both
+    "lower precision" ops): input, state and parameters are cast to the autocast dtype, and the
+    outputs come in it.
     """
 
     def __init__(self, input_features: int | None = None, state_size: int | None = None, num_layers: int = 1,
-                 bias: bool = True, batch_first: bool = False, dropout: float = 0.0, bidirectional: bool = False, *,
+                 bias: bool = True, batch_first: bool = False, dropout: float = 0.0, bidirectional: bool = False,
+                 proj_size: int = 0, *,
                  input_size: int | None = None, hidden_size: int | None = None, backend: str | None = None,
                  device=None, dtype=None):
         super().__init__()
@@ -51,6 +59,13 @@ class LLTMLayer(TorchSizeNames, torch.nn.Module):
             raise ValueError(f"LLTMLayer(): num_layers must be an integer >= 1, got {num_layers!r}")
         if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0 <= dropout <= 1:
             raise ValueError(f"LLTMLayer(): dropout must be a probability in [0, 1], got {dropout!r}")
+        if dropout and num_layers == 1:  # nn.LSTM's warning, in its words
+            warnings.warn("dropout option adds dropout after all but last recurrent layer, so non-zero dropout "
+                          f"expects num_layers greater than 1, but got dropout={dropout} and num_layers={num_layers}",
+                          stacklevel=2)
+        if proj_size != 0:
+            raise ValueError(f"LLTMLayer(): proj_size={proj_size!r} is unsupported: the LLTM has no projection of "
+                             f"its hidden state (nn.LSTM's proj_size); leave it 0")
         self.input_features = input_features
         self.state_size = state_size
         self.num_layers = num_layers
@@ -133,8 +148,11 @@ class LLTMLayer(TorchSizeNames, torch.nn.Module):
             if hx is not None:
                 raise TypeError("LLTMLayer.forward(): give the state once, as hx (state= is its older name)")
             hx = state
+        cast = _autocast_dtype(input)
+        if cast is not None:
+            input, hx = _cast_input_and_state(input, hx, cast)
         state = hx
-        if state is None and len(self._parameter_names) == 1 and len(self._parameter_names[0]) == 1 \
+        if state is None and cast is None and len(self._parameter_names) == 1 and len(self._parameter_names[0]) == 1 \
                 and type(input) is torch.Tensor and input.dim() == 3:
             # The commonest call, one layer and direction over a batched tensor from a zero state, without
             # the general path's lists: under no_grad at T64 B16 S128 that path cost 1.5% of the call.
@@ -168,7 +186,7 @@ class LLTMLayer(TorchSizeNames, torch.nn.Module):
         else:
             raise TypeError(f"LLTMLayer.forward(): input must be a torch.Tensor or a PackedSequence, "
                             f"got {type(input).__name__}")
-        self._check_input(sequence, input)
+        self._check_input(sequence, input, cast)
         initial = self._initial_states(state, sequence, batched)
 
         directions = 2 if self.bidirectional else 1
@@ -178,8 +196,11 @@ class LLTMLayer(TorchSizeNames, torch.nn.Module):
             outputs = []
             for direction, (weights_name, bias_name) in enumerate(names):
                 index = layer * directions + direction
+                weights, bias = self._tensor(weights_name), self._tensor(bias_name)
+                if cast is not None:
+                    weights, bias = weights.to(cast), bias.to(cast)
                 output, h, c = lltm_sequence(
-                    layer_input, self._tensor(weights_name), self._tensor(bias_name), *initial[index],
+                    layer_input, weights, bias, *initial[index],
                     lengths=lengths, reverse=direction == 1, backend=self.backend,
                 )
                 outputs.append(output)
@@ -211,11 +232,12 @@ class LLTMLayer(TorchSizeNames, torch.nn.Module):
             tensor = self._buffers.get(name)
         return tensor if tensor is not None else getattr(self, name)
 
-    def _check_input(self, sequence: torch.Tensor, input) -> None:
+    def _check_input(self, sequence: torch.Tensor, input, cast: torch.dtype | None = None) -> None:
         # The valid case first, in one expression: at short sequences a microsecond here is a visible share.
         parameter = self._tensor(self._parameter_names[0][0][0])
         dtype = sequence.dtype
-        if (sequence.shape[-1] == self.input_features and sequence.shape[0] != 0 and dtype is parameter.dtype
+        if (sequence.shape[-1] == self.input_features and sequence.shape[0] != 0
+                and dtype is (cast or parameter.dtype)
                 and dtype.is_floating_point and sequence.device == parameter.device):
             return
         shown = (f"got shape {tuple(input.shape)}" if isinstance(input, torch.Tensor)
@@ -261,6 +283,26 @@ class LLTMLayer(TorchSizeNames, torch.nn.Module):
         if not batched:
             h_0, c_0 = h_0.unsqueeze(1), c_0.unsqueeze(1)
         return list(zip(h_0.unbind(0), c_0.unbind(0)))
+
+
+def _autocast_dtype(input) -> torch.dtype | None:
+    """The dtype autocast computes recurrent layers in on the input's device, or None where it is off."""
+    if not torch._C._is_any_autocast_enabled():  # the common case, in one cheap call
+        return None
+    data = input.data if isinstance(input, PackedSequence) else input
+    if not isinstance(data, torch.Tensor) or not data.is_floating_point():
+        return None
+    device_type = data.device.type
+    if torch.amp.is_autocast_available(device_type) and torch.is_autocast_enabled(device_type):
+        return torch.get_autocast_dtype(device_type)
+    return None
+
+
+def _cast_input_and_state(input, hx, dtype: torch.dtype):
+    """input and hx's tensors in ``dtype`` (what autocast does to a lower-precision op's arguments)."""
+    if isinstance(hx, (tuple, list)):
+        hx = type(hx)(t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() else t for t in hx)
+    return input.to(dtype), hx
 
 
 def _repack_like(output: torch.Tensor, lengths: torch.Tensor, like: PackedSequence) -> PackedSequence:

@@ -138,3 +138,90 @@ def test_packed_sequences_say_they_stay_in_python():
 
     with pytest.raises(Exception, match="torch.export cannot take a PackedSequence"):
         torch.export.export(Packed(), (torch.randn(5, 2, 3), torch.tensor([5, 3])))
+
+
+# --- what the runner and the export script refuse -------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def layer_package(runner, tmp_path_factory) -> Path:
+    export_model = _export_model()
+    torch.manual_seed(4)
+    model = export_model.SequenceClassifier(backend="cpu")
+    example = torch.randn(3, 9, export_model.INPUT_FEATURES)
+    return export_model.export(model, example, dynamic_time=True,
+                               package=tmp_path_factory.mktemp("package") / "model.pt2")
+
+
+def _run_runner(runner: Path, package: Path, inputs, tmp: Path, *extra, library=None, outputs=None):
+    torch.save(inputs, tmp / "inputs.pt")
+    library = library or lltm_core.get_backend("cpu").operator_library
+    outputs = outputs or tmp / "outputs.pt"
+    return subprocess.run([str(runner), library, str(package), str(tmp / "inputs.pt"), str(outputs), *extra],
+                          capture_output=True, text=True, env={"PATH": os.environ.get("PATH", "")})
+
+
+def _assert_refused(done, *fragments):
+    message = done.stdout + done.stderr
+    assert done.returncode == 1, f"exit {done.returncode}:\n{message}"  # an error, not a signal or 0
+    assert "Exception raised from" not in message and "frame #" not in message, message  # no C++ backtrace
+    for fragment in fragments:
+        assert fragment in done.stderr, message
+
+
+FEATURES = 32  # export_model.INPUT_FEATURES, what layer_package takes
+
+
+@pytest.mark.parametrize("x, fragment", [
+    (torch.randn(2, 5, FEATURES - 1), "shape [2, 5, 31]"),
+    (torch.randn(2, 5, FEATURES, dtype=torch.float64), "dtype Double"),
+    (torch.randn(2, 5, FEATURES, 2), "shape [2, 5, 32, 2]"),
+    (torch.randn(2, FEATURES, 5).transpose(1, 2), "(not contiguous)"),
+], ids=["features", "dtype", "rank", "strides"])
+def test_runner_refuses_inputs_the_package_was_not_exported_for(runner, layer_package, tmp_path, x, fragment):
+    done = _run_runner(runner, layer_package, [x], tmp_path)
+    _assert_refused(done, "the inputs differ from what the package was exported for", fragment)
+
+
+def test_runner_refuses_an_empty_input(runner, layer_package, tmp_path):
+    done = _run_runner(runner, layer_package, [torch.randn(2, 0, FEATURES)], tmp_path)  # SIGFPE unchecked
+    _assert_refused(done, "input 0 is empty", "shape [2, 0, 32]")
+
+
+def test_runner_says_what_inputs_pt_must_hold(runner, layer_package, tmp_path):
+    done = _run_runner(runner, layer_package, {"x": torch.randn(2, 5, FEATURES)}, tmp_path)
+    _assert_refused(done, "must hold a tensor, or a list or tuple of tensors")
+    assert "INTERNAL ASSERT" not in done.stderr
+
+
+def test_runner_fails_on_an_output_path_it_cannot_write(runner, layer_package, tmp_path):
+    done = _run_runner(runner, layer_package, [torch.randn(2, 5, FEATURES)], tmp_path,
+                       outputs=tmp_path / "missing" / "outputs.pt")
+    _assert_refused(done, "cannot write", "missing/outputs.pt")
+
+
+def test_runner_refuses_a_bad_repeat_before_running(runner, layer_package, tmp_path):
+    done = _run_runner(runner, layer_package, [torch.randn(2, 5, FEATURES)], tmp_path, "--repeat", "abc")
+    assert done.returncode == 2 and "--repeat takes a whole number of runs >= 1, got 'abc'" in done.stderr, done.stderr
+    assert "ran " not in done.stdout and not (tmp_path / "outputs.pt").exists()
+
+
+def test_runner_without_the_operator_library_says_so_without_a_backtrace(runner, layer_package, tmp_path):
+    done = _run_runner(runner, layer_package, [torch.randn(2, 5, FEATURES)], tmp_path, library="-")
+    _assert_refused(done, "Could not find schema for lltm_cpu::", "python -m lltm_cpu --library")
+
+
+def test_export_script_refuses_a_folder_others_can_write(tmp_path, monkeypatch):
+    private_folder = _export_model().private_folder
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    with pytest.raises(SystemExit, match=r"writable by others \(mode 777\)"):
+        private_folder(shared)
+    shared.chmod(0o755)
+    assert private_folder(shared) == shared
+    monkeypatch.setattr(os, "getuid", lambda: shared.stat().st_uid + 1)
+    with pytest.raises(SystemExit, match=r"belongs to another user"):
+        private_folder(shared)
+    created = private_folder(tmp_path / "new" / "out")
+    assert created.is_dir() and created.stat().st_mode & 0o077 == 0

@@ -6,6 +6,10 @@ writes OUT_DIR/model.pt2 (dynamic batch and time), OUT_DIR/inputs.pt (an input t
 OUT_DIR/expected.pt (what Python eager gives for it), then prints the commands that run the package
 from Python and from C++ (examples/deploy/runner.cpp).
 
+OUT_DIR is created (private to you) if missing; an existing one must be yours and writable by no one
+else: the package carries a shared object that the runner loads, so whoever can replace model.pt2
+runs code as you.  ``OUT_DIR="$(mktemp -d)"`` makes a fitting one.
+
 The models:
 * ``layer``: LLTMLayer, 2 layers, bidirectional, batch_first, then a Linear head;
 * ``cell``: the cell ``LLTM`` stepped in a Python loop over the sequence, then a Linear head.
@@ -14,6 +18,8 @@ The models:
 from __future__ import annotations
 
 import argparse
+import os
+import stat
 import sys
 from pathlib import Path
 
@@ -63,7 +69,37 @@ def export(model: torch.nn.Module, example: torch.Tensor, dynamic_time: bool, pa
         dims[1] = torch.export.Dim("time", min=2, max=65536)
     with torch.no_grad():
         program = torch.export.export(model.eval(), (example,), dynamic_shapes=(dims,))
-    return Path(torch._inductor.aoti_compile_and_package(program, package_path=str(package)))
+    # The package checks its inputs' sizes against these ranges when run with AOTI_RUNTIME_CHECK_INPUTS=1
+    # (the runner sets it), but by default as if each started at 2 (export's 0/1 specialisation): a
+    # batch of one would be refused.  The runner refuses an empty dimension itself.
+    configs = {"aot_inductor.check_lowerbound": False} if hasattr(
+        torch._inductor.config.aot_inductor, "check_lowerbound") else {}
+    return Path(torch._inductor.aoti_compile_and_package(program, package_path=str(package),
+                                                         inductor_configs=configs))
+
+
+def private_folder(path: Path) -> Path:
+    """``path``, created readable and writable by its owner alone if missing.  An existing folder
+    (or a link to one) must belong to this user and be writable by no one else, or SystemExit says why."""
+    try:
+        path.mkdir(mode=0o700, parents=True)
+        return path
+    except FileExistsError:
+        pass
+    for what, info in (("the link", path.lstat()), ("the folder", path.stat())):
+        if what == "the link" and not stat.S_ISLNK(info.st_mode):
+            continue
+        if what == "the folder" and not stat.S_ISDIR(info.st_mode):
+            raise SystemExit(f"{path} exists and is not a folder")
+        if info.st_uid != os.getuid():
+            raise SystemExit(f"{path}: {what} belongs to another user (uid {info.st_uid}), who could replace the "
+                             f"package (a shared object the runner loads); export into a folder of your own, e.g. "
+                             f'OUT_DIR="$(mktemp -d)"')
+        if what == "the folder" and info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+            raise SystemExit(f"{path} is writable by others (mode {stat.S_IMODE(info.st_mode):o}), who could replace "
+                             f"the package (a shared object the runner loads); chmod go-w it, or export into a "
+                             f'folder of your own, e.g. OUT_DIR="$(mktemp -d)"')
+    return path
 
 
 def main(argv=None) -> int:
@@ -79,7 +115,7 @@ def main(argv=None) -> int:
     dtype = getattr(torch, args.dtype)
     model = (SequenceClassifier if args.model == "layer" else SteppedCell)(args.backend).to(dtype)
     example = torch.randn(3, 9, INPUT_FEATURES, dtype=dtype)
-    args.out_dir.mkdir(parents=True, exist_ok=True)
+    private_folder(args.out_dir)
     package = export(model, example, dynamic_time=args.model == "layer", package=args.out_dir / "model.pt2")
 
     inputs = torch.randn(5, 17 if args.model == "layer" else 9, INPUT_FEATURES, dtype=dtype)

@@ -95,44 +95,49 @@ INFERENCE_CHUNK_ROWS = 2048
 
 
 def sequence_forward(input, weights, bias, h0, c0, lengths, reverse, needs_backward=True):
+    # No out= variants (each step's output is copied into place): a program exported from this
+    # under torch.no_grad() must also run with grad mode on, where out= refuses inputs that
+    # require grad, and torch.vmap batches no out= op.
     T, B, I = input.shape
     S = h0.shape[1]
     w_h, w_x = weights.split([S, I], dim=1)
-    output = input.new_empty(T, B, S)
-    if needs_backward:  # every step's gates and tanh(c_t) are kept for the backward
-        chunk = T
-        gates = input.new_empty(T, B, 3 * S)
-        tanh_cell = input.new_empty(T, B, S)
-    else:  # one chunk of gates at a time, one step's tanh(c_t)
-        chunk = max(1, min(T, INFERENCE_CHUNK_ROWS // max(B, 1)))
-        gates = input.new_empty(chunk, B, 3 * S)
-        tanh_cell = input.new_empty(1, B, S)
+    # Training projects every step at once and keeps all gates; inference a chunk of steps at a time.
+    chunk = T if needs_backward else max(1, min(T, INFERENCE_CHUNK_ROWS // max(B, 1)))
     h, c = h0, c0
     order = _steps(T, reverse)
+    output = input.new_empty(T, B, S)
+    gates = input.new_empty(chunk, B, 3 * S)  # training: every step's; inference: one chunk's at a time
+    tanh_cells = []
     for first in range(0, T, chunk):
         chunk_steps = order[first : first + chunk]
         n, lo = len(chunk_steps), min(chunk_steps[0], chunk_steps[-1])
-        block = gates[lo : lo + n] if needs_backward else gates[:n]
-        torch.addmm(bias, input[lo : lo + n].reshape(n * B, I), w_x.t(), out=block.view(n * B, 3 * S))
+        block = gates[:n]
+        block.copy_(bias.view(3 * S))  # then the input's projection added in place: x W_x^T + b
+        block.view(n * B, 3 * S).addmm_(input[lo : lo + n].reshape(n * B, I), w_x.t())
         for t in chunk_steps:
-            step = block[t - lo].addmm_(h, w_h.t())
-            sig_gates, candidate = step.split_with_sizes([2 * S, S], 1)
-            input_gate, output_gate = sig_gates.sigmoid_().split_with_sizes([S, S], 1)
-            _elu_(candidate)
+            # In place in the block (no allocation a step), activated through narrow's views: autograd
+            # allows in-place ops on those, not on split's (which serves the views only read).
+            step = block.select(0, t - lo).addmm_(h, w_h.t())
+            sig_gates, candidate = step.narrow(1, 0, 2 * S).sigmoid_(), _elu_(step.narrow(1, 2 * S, S))
+            input_gate, output_gate = sig_gates.split_with_sizes([S, S], 1)
             new_c = torch.addcmul(c, candidate, input_gate)
-            tanh_c = torch.tanh(new_c, out=tanh_cell[t if needs_backward else 0])
+            tanh_c = torch.tanh(new_c)
+            new_h = tanh_c * output_gate
+            if needs_backward:
+                tanh_cells.append(tanh_c)
             if lengths is None:
-                h, c = torch.mul(tanh_c, output_gate, out=output[t]), new_c
+                output.select(0, t).copy_(new_h)
+                h, c = new_h, new_c
             else:
                 # Rows past their length keep their state and output zero.
                 valid = (lengths > t).unsqueeze(1)
-                new_h = tanh_c * output_gate
-                output[t] = torch.where(valid, new_h, 0)
+                output.select(0, t).copy_(torch.where(valid, new_h, 0))
                 h, c = torch.where(valid, new_h, h), torch.where(valid, new_c, c)
-    # Without lengths h is a view of output, and outputs may not share memory.
-    h = h.clone() if lengths is None else h
+    if reverse:  # the list holds the steps in the order they ran
+        tanh_cells.reverse()
     if not needs_backward:
         return output, h, c, input.new_empty(0), input.new_empty(0)
+    tanh_cell = torch.stack(tanh_cells) if T else input.new_empty(0, B, S)
     return output, h, c, gates, tanh_cell
 
 

@@ -1,0 +1,1 @@
+../../../lltm_core/include/lltm_schema.h

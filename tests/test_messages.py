@@ -1,0 +1,127 @@
+"""What an nn.LSTM user tries first, and the messages and conveniences they expect: proj_size=0,
+the one-layer dropout warning, autocast, errors that name what the caller passed, and
+`lltm info` refusing arguments it cannot use with a clear message."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+import lltm_core
+from lltm_core import cli
+
+
+def test_layer_takes_nn_lstm_proj_size_zero_and_calls_others_unsupported():
+    layer = lltm_core.LLTMLayer(3, 5, proj_size=0)
+    assert layer(torch.randn(4, 2, 3))[0].shape == (4, 2, 5)
+    with pytest.raises(ValueError, match=r"proj_size=2 is unsupported"):
+        lltm_core.LLTMLayer(3, 5, proj_size=2)
+
+
+def test_dropout_with_one_layer_warns_as_nn_lstm_does():
+    with warnings.catch_warnings(record=True) as lstm_warnings:
+        warnings.simplefilter("always")
+        torch.nn.LSTM(3, 5, dropout=0.25)
+    with pytest.warns(UserWarning) as ours:
+        lltm_core.LLTMLayer(3, 5, dropout=0.25)
+    assert [str(w.message) for w in ours] == [str(w.message) for w in lstm_warnings]
+    assert ours[0].filename == __file__  # the caller's line, not lltm's
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        lltm_core.LLTMLayer(3, 5, num_layers=2, dropout=0.25)
+        lltm_core.LLTMLayer(3, 5)
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["tensor", "packed"])
+def test_autocast_runs_the_layer_in_its_dtype_as_it_runs_nn_lstm(packed):
+    torch.manual_seed(3)
+    linear, layer = torch.nn.Linear(3, 3), lltm_core.LLTMLayer(3, 5, num_layers=2, bidirectional=True)
+    x = torch.randn(6, 2, 3)
+    hx = (torch.randn(4, 2, 5), torch.randn(4, 2, 5))  # float32 state, as nn.LSTM takes under autocast
+    with torch.autocast("cpu", torch.bfloat16):
+        features = linear(x)
+        assert features.dtype == torch.bfloat16
+        assert torch.nn.LSTM(3, 5)(features)[0].dtype == torch.bfloat16  # the rule followed
+        if packed:
+            features = torch.nn.utils.rnn.pack_padded_sequence(features, torch.tensor([6, 4]))
+        output, (h_n, c_n) = layer(features, hx)
+    if packed:
+        output = torch.nn.utils.rnn.pad_packed_sequence(output)[0]
+    assert output.dtype == h_n.dtype == c_n.dtype == torch.bfloat16
+    # What it computes: the layer with input, state and parameters in bfloat16.
+    expected = layer.to(torch.bfloat16)(
+        features.to(torch.bfloat16), tuple(t.to(torch.bfloat16) for t in hx))[0]
+    if packed:
+        expected = torch.nn.utils.rnn.pad_packed_sequence(expected)[0]
+    torch.testing.assert_close(output, expected)
+    layer.float()
+    with torch.autocast("cpu", torch.bfloat16):
+        output = layer(linear(x))[0]
+    output.float().sum().backward()  # gradients reach the float32 parameters, in float32
+    assert layer.weights_l0.grad.dtype == torch.float32 and layer.weights_l0.grad.abs().sum() > 0
+
+
+def test_cell_blames_hx_and_input_not_old_h_and_weights():
+    cell = lltm_core.LLTM(3, 5)
+    hx = (torch.randn(2, 5, dtype=torch.float64), torch.randn(2, 5, dtype=torch.float64))
+    with pytest.raises(TypeError, match=r"^LLTM\(.*\): hx's h has dtype torch.float64, expected torch.float32"):
+        cell(torch.randn(2, 3), hx)
+    with pytest.raises(TypeError, match=r"^LLTM\(.*\): input has dtype torch.float64, expected torch.float32 "
+                                        r"\(the dtype of the parameters"):
+        cell(torch.randn(2, 3, dtype=torch.float64))
+    with pytest.raises(TypeError, match=r"input has dtype torch.float64"):
+        cell(torch.randn(2, 3, dtype=torch.float64), hx)
+
+
+def test_reverse_of_numpy_bool_is_named_for_what_it_is():
+    numpy = pytest.importorskip("numpy")
+    layer = lltm_core.LLTMLayer(3, 5)
+    with pytest.raises(TypeError, match=r"reverse must be a bool, got numpy\.bool\w* .*\(pass bool\(reverse\)\)"):
+        lltm_core.lltm_sequence(torch.randn(3, 2, 3), layer.weights_l0, layer.bias_l0, torch.zeros(2, 5),
+                                torch.zeros(2, 5), reverse=numpy.bool_(True))
+
+
+def test_info_device_that_torch_does_not_know_is_a_clear_error(capsys):
+    assert cli.main(["info", "--explain", "cell", "--shape", "1,2,3", "--device", "foo"]) == 2
+    err = capsys.readouterr().err
+    assert "--device 'foo' is not a device torch knows" in err and "Traceback" not in err
+
+
+def test_info_shape_without_explain_says_it_needs_explain(capsys):
+    assert cli.main(["info", "--shape", "1,2,3"]) == 2
+    assert "--shape goes with --explain cell|sequence" in capsys.readouterr().err
+
+
+def test_info_explains_a_call_the_checks_reject_as_rejected(capsys):
+    code = cli.main(["info", "--explain", "sequence", "--shape", "0,1,1,1"])
+    out = capsys.readouterr().out
+    assert "rejected before any backend is asked" in out and "input has 0 time steps" in out, out
+    assert code == 1 and "chosen" not in out
+
+
+def test_info_says_what_to_do_with_a_torch_older_than_the_wheels_need():
+    assert cli._torch_too_old_note("2.10.0") == cli._torch_too_old_note("2.14.1+cu130") == ""
+    note = cli._torch_too_old_note("2.9.1+cpu")
+    assert "torch 2.9.1+cpu is older than 2.10" in note and "pip install 'torch>=2.10'" in note
+    assert "replaces it with the newest torch" in note
+
+
+def test_info_prints_the_torch_note(monkeypatch, capsys):
+    monkeypatch.setattr(cli.torch, "__version__", "2.9.1")
+    data = cli.info_data()
+    cli.print_info(data)
+    assert "note: torch 2.9.1 is older than 2.10" in capsys.readouterr().out
+
+
+def test_autocast_under_torch_compile_fullgraph():
+    torch.manual_seed(5)
+    layer, linear = lltm_core.LLTMLayer(3, 5, backend="ref"), torch.nn.Linear(3, 3)
+    compiled = torch.compile(lambda x: layer(linear(x))[0], fullgraph=True)
+    x = torch.randn(4, 2, 3)
+    with torch.autocast("cpu", torch.bfloat16):
+        got, want = compiled(x), layer(linear(x))[0]
+    assert got.dtype == want.dtype == torch.bfloat16
+    torch.testing.assert_close(got, want, atol=2e-2, rtol=2e-2)
+    assert compiled(x).dtype == torch.float32  # recompiled without autocast
