@@ -1,0 +1,157 @@
+// The machine's multiply-add peak, for the roofline column of bench_cpu_sequence.py: every thread
+// runs independent chains of one multiply-add instruction, long enough that the chains' latency is
+// hidden (12 chains: 4 cycles of latency times 2 FMA units, with room), and the total rate over all
+// threads is returned.  Each function is compiled for its own instruction set (target attributes), and
+// bench_cpu_sequence.py calls only those the CPU has.  Built by bench_cpu_sequence.py as a shared
+// library and called through ctypes; it links nothing of torch.
+#include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <thread>
+#include <vector>
+
+namespace {
+
+constexpr int kChains = 12;
+std::atomic<float> sink{0.f};  // keeps each chain's result alive
+
+__attribute__((target("avx2,fma"))) int64_t fma_avx2(int64_t iterations) {
+  __m256 acc[kChains];
+  for (int i = 0; i < kChains; ++i) acc[i] = _mm256_set1_ps(0.001f * i);
+  const __m256 a = _mm256_set1_ps(0.999f), b = _mm256_set1_ps(0.0001f);
+  for (int64_t it = 0; it < iterations; ++it) {
+#pragma GCC unroll 12
+    for (int i = 0; i < kChains; ++i) acc[i] = _mm256_fmadd_ps(acc[i], a, b);
+  }
+  __m256 total = acc[0];
+  for (int i = 1; i < kChains; ++i) total = _mm256_add_ps(total, acc[i]);
+  sink.store(_mm256_cvtss_f32(total));
+  return iterations * kChains * 8;
+}
+
+__attribute__((target("avx512f"))) int64_t fma_avx512(int64_t iterations) {
+  __m512 acc[kChains];
+  for (int i = 0; i < kChains; ++i) acc[i] = _mm512_set1_ps(0.001f * i);
+  const __m512 a = _mm512_set1_ps(0.999f), b = _mm512_set1_ps(0.0001f);
+  for (int64_t it = 0; it < iterations; ++it) {
+#pragma GCC unroll 12
+    for (int i = 0; i < kChains; ++i) acc[i] = _mm512_fmadd_ps(acc[i], a, b);
+  }
+  __m512 total = acc[0];
+  for (int i = 1; i < kChains; ++i) total = _mm512_add_ps(total, acc[i]);
+  sink.store(_mm512_reduce_add_ps(total));
+  return iterations * kChains * 16;
+}
+
+// vdpbf16ps: 16 float lanes, each the sum of two bfloat16 products.
+__attribute__((target("avx512f,avx512bf16"))) int64_t dot_avx512_bf16(int64_t iterations) {
+  __m512 acc[kChains];
+  for (int i = 0; i < kChains; ++i) acc[i] = _mm512_set1_ps(0.001f * i);
+  const __m512bh a = (__m512bh)_mm512_set1_epi16(0x3f80);  // 1.0
+  const __m512bh b = (__m512bh)_mm512_set1_epi16(0x3a00);  // about 0.0005
+  for (int64_t it = 0; it < iterations; ++it) {
+#pragma GCC unroll 12
+    for (int i = 0; i < kChains; ++i) acc[i] = _mm512_dpbf16_ps(acc[i], a, b);
+  }
+  __m512 total = acc[0];
+  for (int i = 1; i < kChains; ++i) total = _mm512_add_ps(total, acc[i]);
+  sink.store(_mm512_reduce_add_ps(total));
+  return iterations * kChains * 32;
+}
+
+#if defined(MACHINE_PEAK_AMX)
+struct alignas(64) TileConfig {
+  uint8_t palette = 1;
+  uint8_t start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t bytes_per_row[16] = {};
+  uint8_t rows[16] = {};
+};
+
+// tdpbf16ps on 16 x 16 float tiles, 16 x 32 bfloat16 operands: 8192 multiply-adds each.  Four
+// accumulator tiles, two operand tiles, all from cache.
+__attribute__((target("amx-tile,amx-bf16"))) int64_t dot_amx_bf16(int64_t iterations) {
+  TileConfig config;
+  for (int tile = 0; tile < 8; ++tile) {
+    config.bytes_per_row[tile] = 64;
+    config.rows[tile] = 16;
+  }
+  alignas(64) static thread_local uint16_t operand[16 * 32];
+  alignas(64) static thread_local float result[16 * 16];
+  for (auto& value : operand) value = 0x3a00;
+  _tile_loadconfig(&config);
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  _tile_loadd(4, operand, 64);
+  _tile_loadd(5, operand, 64);
+  for (int64_t it = 0; it < iterations; ++it) {
+    _tile_dpbf16ps(0, 4, 5);
+    _tile_dpbf16ps(1, 4, 5);
+    _tile_dpbf16ps(2, 4, 5);
+    _tile_dpbf16ps(3, 4, 5);
+  }
+  _tile_stored(0, result, 64);
+  _tile_release();
+  sink.store(result[0]);
+  return iterations * 4 * 8192;
+}
+
+// Linux lends a process the AMX tile state only when asked (ARCH_REQ_XCOMP_PERM).
+bool amx_granted() {
+  constexpr int kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+  return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+}
+#endif
+
+using Kernel = int64_t (*)(int64_t);
+
+Kernel kernel_named(int which) {
+  switch (which) {
+    case 0:
+      return fma_avx2;
+    case 1:
+      return fma_avx512;
+    case 2:
+      return dot_avx512_bf16;
+#if defined(MACHINE_PEAK_AMX)
+    case 3:
+      return amx_granted() ? dot_amx_bf16 : nullptr;
+#endif
+    default:
+      return nullptr;
+  }
+}
+
+}  // namespace
+
+// Multiply-adds a second over `threads` threads running kernel `which` (0 AVX2 FMA, 1 AVX-512 FMA,
+// 2 AVX512_BF16 dot products, 3 AMX-BF16 tiles) together: the best of `repeats` runs of about
+// `iterations` loop trips each.  0 where the kernel is not in this build or not granted.
+extern "C" double machine_peak(int which, int threads, int64_t iterations, int repeats) {
+  const Kernel kernel = kernel_named(which);
+  if (kernel == nullptr) {
+    return 0;
+  }
+  double best = 0;
+  for (int repeat = 0; repeat < repeats; ++repeat) {
+    std::vector<std::thread> workers;
+    std::vector<int64_t> done(threads, 0);
+    const auto start = std::chrono::steady_clock::now();
+    for (int t = 0; t < threads; ++t) {
+      workers.emplace_back([&, t] { done[t] = kernel(iterations); });
+    }
+    for (auto& worker : workers) worker.join();
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    int64_t total = 0;
+    for (const int64_t count : done) total += count;
+    best = std::max(best, static_cast<double>(total) / seconds);
+  }
+  return best;
+}
