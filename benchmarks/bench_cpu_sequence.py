@@ -10,7 +10,10 @@ thread count (--threads, default 2):
   behind lltm-core's autograd;
 * sequence ops: torch.ops.lltm_cpu.sequence_forward / sequence_backward called directly
   (no lltm-core, no autograd);
-* per-step loop: lltm_core.LLTM(I, S, backend="cpu") called once per step in Python.
+* per-step loop: lltm_core.LLTM(I, S, backend="cpu") called once per step in Python;
+* LLTMLayer, deterministic: the same LLTMLayer under torch.use_deterministic_algorithms(True), where
+  lltm-cpu times nothing and takes a fixed choice of routes and split (docs/backends/cpu.md): what
+  reproducibility costs, against the measured choice in the same rounds.
 
 Training is forward + backward of output.sum() (the input requiring grad, gradients reset before each
 call), inference the forward under torch.no_grad(); zero initial state.  Each round times every
@@ -58,6 +61,7 @@ TARGETS = {
     ("bfloat16", "T32 B64 I256 S512"): (0.80, 1.00),
 }
 BASELINE, LAYER, OPS, LOOP = "nn.LSTM", "lltm cpu (LLTMLayer)", "sequence ops", "per-step loop"
+FIXED = "LLTMLayer, deterministic"  # under torch.use_deterministic_algorithms(True): lltm-cpu's fixed choice
 HERE = Path(__file__).resolve().parent
 # machine_peak.cpp's kernels: (its number, the name reported, the /proc/cpuinfo flags it needs).
 PEAK_KERNELS = [
@@ -128,6 +132,15 @@ def candidates(dtype: torch.dtype, steps: int, batch: int, features: int, state:
                 forward()
         return run
 
+    def deterministic(run):
+        def fixed():
+            torch.use_deterministic_algorithms(True)
+            try:
+                run()
+            finally:
+                torch.use_deterministic_algorithms(False)
+        return fixed
+
     def loop():
         h, c = zeros, zeros
         outputs = []
@@ -150,6 +163,7 @@ def candidates(dtype: torch.dtype, steps: int, batch: int, features: int, state:
         LAYER: (train(lambda: layer(x)[0]), infer(lambda: layer(x)[0])),
         OPS: (ops_train, infer(lambda: ops.sequence_forward(x, w, b, zeros, zeros, None, False, False)[0])),
         LOOP: (train(loop), infer(loop)),
+        FIXED: (deterministic(train(lambda: layer(x)[0])), deterministic(infer(lambda: layer(x)[0]))),
     }
 
 
@@ -245,13 +259,14 @@ def main(argv=None) -> int:
                   f"Fraction of peak: of the {held_against[0] if held_against else '(no peak measured)'} peak.", "",
                   "| candidate | median ms | / nn.LSTM | G multiply-adds / s | of peak | ms by call in its round (1st, 2nd, ...) |",
                   "| --- | --- | --- | --- | --- | --- |"]
+        fixed_cost = statistics.median(f / m for f, m in zip(times[FIXED], times[LAYER]))
         for name in times:
             places = ", ".join(f"{t * 1e3:.3f}" for t in by_place[name])
             median = statistics.median(times[name])
             rate = multiply_adds(name, mode, *SIZES[size]) / median
             fraction = f"{rate / held_against[1]:.0%}" if held_against else "-"
             lines.append(f"| {name} | {median * 1e3:.3f} | {ratio[name]:.2f} | {rate / 1e9:.1f} | {fraction} | {places} |")
-        lines.append("")
+        lines += ["", f"The deterministic choice / the measured one (median of per-round ratios): {fixed_cost:.3f}", ""]
     lines += ["## Routes lltm-cpu chose in this process (lltm_cpu.gemm_routes())", "",
               "| choice | chosen | how | measured (µs) |", "| --- | --- | --- | --- |"]
     for record in lltm_cpu.gemm_routes():

@@ -20,49 +20,37 @@ namespace {
 constexpr int kChains = 12;
 std::atomic<float> sink{0.f};  // keeps each chain's result alive
 
-__attribute__((target("avx2,fma"))) int64_t fma_avx2(int64_t iterations) {
-  __m256 acc[kChains];
-  for (int i = 0; i < kChains; ++i) acc[i] = _mm256_set1_ps(0.001f * i);
-  const __m256 a = _mm256_set1_ps(0.999f), b = _mm256_set1_ps(0.0001f);
-  for (int64_t it = 0; it < iterations; ++it) {
-#pragma GCC unroll 12
-    for (int i = 0; i < kChains; ++i) acc[i] = _mm256_fmadd_ps(acc[i], a, b);
+// A kernel `name` for `isa`: kChains chains of `op(acc, a, b)` on vectors of type Vec, `lanes`
+// multiply-adds each; `total` reduces a vector to a float for the sink.
+#define PEAK_KERNEL(name, isa, Vec, Operand, init, a_value, b_value, op, total, lanes) \
+  __attribute__((target(isa))) int64_t name(int64_t iterations) {                       \
+    Vec acc[kChains];                                                                   \
+    for (int i = 0; i < kChains; ++i) acc[i] = init(0.001f * i);                        \
+    const Operand a = a_value, b = b_value;                                             \
+    for (int64_t it = 0; it < iterations; ++it) {                                       \
+      _Pragma("GCC unroll 12") for (int i = 0; i < kChains; ++i) acc[i] = op(acc[i], a, b); \
+    }                                                                                   \
+    float sum = 0;                                                                      \
+    for (int i = 0; i < kChains; ++i) sum += total(acc[i]);                             \
+    sink.store(sum);                                                                    \
+    return iterations * kChains * (lanes);                                              \
   }
-  __m256 total = acc[0];
-  for (int i = 1; i < kChains; ++i) total = _mm256_add_ps(total, acc[i]);
-  sink.store(_mm256_cvtss_f32(total));
-  return iterations * kChains * 8;
+
+__attribute__((target("avx2,fma"))) inline __m256 fma256(__m256 acc, __m256 a, __m256 b) {
+  return _mm256_fmadd_ps(acc, a, b);
+}
+__attribute__((target("avx512f"))) inline __m512 fma512(__m512 acc, __m512 a, __m512 b) {
+  return _mm512_fmadd_ps(acc, a, b);
 }
 
-__attribute__((target("avx512f"))) int64_t fma_avx512(int64_t iterations) {
-  __m512 acc[kChains];
-  for (int i = 0; i < kChains; ++i) acc[i] = _mm512_set1_ps(0.001f * i);
-  const __m512 a = _mm512_set1_ps(0.999f), b = _mm512_set1_ps(0.0001f);
-  for (int64_t it = 0; it < iterations; ++it) {
-#pragma GCC unroll 12
-    for (int i = 0; i < kChains; ++i) acc[i] = _mm512_fmadd_ps(acc[i], a, b);
-  }
-  __m512 total = acc[0];
-  for (int i = 1; i < kChains; ++i) total = _mm512_add_ps(total, acc[i]);
-  sink.store(_mm512_reduce_add_ps(total));
-  return iterations * kChains * 16;
-}
-
-// vdpbf16ps: 16 float lanes, each the sum of two bfloat16 products.
-__attribute__((target("avx512f,avx512bf16"))) int64_t dot_avx512_bf16(int64_t iterations) {
-  __m512 acc[kChains];
-  for (int i = 0; i < kChains; ++i) acc[i] = _mm512_set1_ps(0.001f * i);
-  const __m512bh a = (__m512bh)_mm512_set1_epi16(0x3f80);  // 1.0
-  const __m512bh b = (__m512bh)_mm512_set1_epi16(0x3a00);  // about 0.0005
-  for (int64_t it = 0; it < iterations; ++it) {
-#pragma GCC unroll 12
-    for (int i = 0; i < kChains; ++i) acc[i] = _mm512_dpbf16_ps(acc[i], a, b);
-  }
-  __m512 total = acc[0];
-  for (int i = 1; i < kChains; ++i) total = _mm512_add_ps(total, acc[i]);
-  sink.store(_mm512_reduce_add_ps(total));
-  return iterations * kChains * 32;
-}
+PEAK_KERNEL(fma_avx2, "avx2,fma", __m256, __m256, _mm256_set1_ps, _mm256_set1_ps(0.999f), _mm256_set1_ps(0.0001f),
+            fma256, _mm256_cvtss_f32, 8)
+PEAK_KERNEL(fma_avx512, "avx512f", __m512, __m512, _mm512_set1_ps, _mm512_set1_ps(0.999f), _mm512_set1_ps(0.0001f),
+            fma512, _mm512_reduce_add_ps, 16)
+// vdpbf16ps: 16 float lanes, each the sum of two bfloat16 products (1.0 times about 0.0005).
+PEAK_KERNEL(dot_avx512_bf16, "avx512f,avx512bf16", __m512, __m512bh, _mm512_set1_ps,
+            (__m512bh)_mm512_set1_epi16(0x3f80), (__m512bh)_mm512_set1_epi16(0x3a00), _mm512_dpbf16_ps,
+            _mm512_reduce_add_ps, 32)
 
 #if defined(MACHINE_PEAK_AMX)
 struct alignas(64) TileConfig {

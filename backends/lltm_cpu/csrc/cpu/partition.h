@@ -55,14 +55,14 @@ inline std::optional<Split> requested_split() {
 // time_split must not choose a GEMM route (tuning's mutex is held): choose
 // those first.
 template <typename TimeSplit>
-Split tuned_split(const std::string& key, const std::string& fields, const TimeSplit& time_split) {
+Split tuned_split(const std::string& key, const tuning::Record& what, const TimeSplit& time_split) {
   if (const std::optional<Split> forced = requested_split()) {
-    tuning::tuned_index(key, fields, {split_name(*forced)}, [](int) { return 0.0; }, "LLTM_CPU_SPLIT");
+    tuning::tuned_index(key, what, {split_name(*forced)}, [](int) { return 0.0; }, "LLTM_CPU_SPLIT");
     return *forced;
   }
   const Split options[] = {Split::kRows, Split::kColumns};
   // The two splits often measure within a few per cent: several rounds (tuning.h).
-  return options[tuning::tuned_index(key, fields, {split_name(Split::kRows), split_name(Split::kColumns)},
+  return options[tuning::tuned_index(key, what, {split_name(Split::kRows), split_name(Split::kColumns)},
                                      [&](int index) { return time_split(options[index]); }, tuning::kOnlyOne,
                                      tuning::kCloseCallRounds)];
 }
