@@ -25,8 +25,8 @@ measured.  Prints Markdown (also written to --output); sets no tuning variable a
 The roofline columns: each row's multiply-adds a second (the GEMMs' work: an LLTM step is a
 B x 3S x (S+I) product forward, nn.LSTM's B x 4S x (S+I), and training three such products), and
 their fraction of the machine's peak, measured in the same process on the same threads by
-machine_peak.cpp (compiled here): the float32 FMA peak for float32 rows, the AVX512_BF16
-dot-product peak for bfloat16 rows where the CPU has it (AMX's is reported beside it).
+machine_peak.cpp (compiled here): the float32 FMA peak for float32 rows, for bfloat16 rows AMX's
+tile peak where the CPU has it, else the AVX512_BF16 dot-product peak.
 
     python benchmarks/bench_cpu_sequence.py                  # everything: about 3 minutes on 2 AVX-512 cores,
                                                              # 17 on AVX2 only (nn.LSTM's bfloat16 is 8 s a call)
@@ -103,9 +103,11 @@ def machine_peaks(threads: int) -> dict[str, float]:
 
 
 def roofline_peak(peaks: dict[str, float], dtype_name: str) -> tuple[str, float] | None:
-    """The peak a row of this dtype is held against: the widest float32 FMA, or bfloat16's dot product."""
+    """The peak a row of this dtype is held against: the widest float32 FMA, or bfloat16's widest
+    (AMX's tiles where Linux grants them, which lltm-cpu's amx-bf16 route uses, else AVX512_BF16's dot
+    product)."""
     wanted = ["float32 FMA (AVX-512)", "float32 FMA (AVX2)"] if dtype_name == "float32" else [
-        "bfloat16 dot product (AVX512_BF16)"]
+        "bfloat16 tiles (AMX-BF16)", "bfloat16 dot product (AVX512_BF16)"]
     return next(((name, peaks[name]) for name in wanted if name in peaks), None)
 
 
