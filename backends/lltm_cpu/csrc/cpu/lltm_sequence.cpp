@@ -41,9 +41,10 @@
 // The GEMMs over all steps run before and after the loop, on all threads.
 // Small problems run on one thread.
 //
-// Each GEMM's route (MKL, lltm-cpu's bfloat16 kernel, or torch's mm through
+// Each GEMM's route (MKL, lltm-cpu's own kernels, or torch's mm through
 // the stable C shim) is the fastest measured for its shape at the first
-// call: see blas.h.
+// call, or a fixed one under torch.use_deterministic_algorithms: see blas.h
+// and tuning.h.  The split's timing and choice are partition_choice.h's.
 // bfloat16: the recurrent products, the cell state and the carried gradients
 // of h and c stay float; what is returned or saved is bfloat16.
 //

@@ -1,10 +1,9 @@
 // The time loop's partition between threads (lltm_sequence.cpp): blocks of
-// batch rows, or blocks of state columns, the column split's barrier, and
-// the choice between the two.
+// batch rows, or blocks of state columns, and the column split's barrier.
 //
 // Which split is faster is chosen by measurement per (dtype, B, S, threads,
-// direction), by tuning.h (the sequence kernels time it: time_partition in
-// lltm_sequence.cpp), and reported in lltm_cpu.gemm_routes() as a record of
+// direction), by tuning.h (partition_choice.h times both on the real weights
+// and chooses), and reported in lltm_cpu.gemm_routes() as a record of
 // kind "time loop".  LLTM_CPU_SPLIT=rows|columns forces it (read once, at
 // first use), for every problem that more than one thread can run, even one
 // small enough that lltm-cpu would otherwise keep it on one thread (so tests
