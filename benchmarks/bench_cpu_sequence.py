@@ -10,7 +10,10 @@ thread count (--threads, default 2):
   behind lltm-core's autograd;
 * sequence ops: torch.ops.lltm_cpu.sequence_forward / sequence_backward called directly
   (no lltm-core, no autograd);
-* per-step loop: lltm_core.LLTM(I, S, backend="cpu") called once per step in Python.
+* per-step loop: lltm_core.LLTM(I, S, backend="cpu") called once per step in Python;
+* LLTMLayer, deterministic: the same LLTMLayer under torch.use_deterministic_algorithms(True), where
+  lltm-cpu times nothing and takes a fixed choice of routes and split (docs/backends/cpu.md): what
+  reproducibility costs, against the measured choice in the same rounds.
 
 Training is forward + backward of output.sum() (the input requiring grad, gradients reset before each
 call), inference the forward under torch.no_grad(); zero initial state.  Each round times every
@@ -18,6 +21,12 @@ candidate --calls times in turn (the order rotating), and a ratio is candidate /
 round; the report gives each ratio's median over the rounds, checked against the targets, the median
 times, and lltm_cpu.gemm_routes(): each GEMM's and time loop's chosen route with what every candidate
 measured.  Prints Markdown (also written to --output); sets no tuning variable and reports any set.
+
+The roofline columns: each row's multiply-adds a second (the GEMMs' work: an LLTM step is a
+B x 3S x (S+I) product forward, nn.LSTM's B x 4S x (S+I), and training three such products), and
+their fraction of the machine's peak, measured in the same process on the same threads by
+machine_peak.cpp (compiled here): the float32 FMA peak for float32 rows, for bfloat16 rows AMX's
+tile peak where the CPU has it, else the AVX512_BF16 dot-product peak.
 
     python benchmarks/bench_cpu_sequence.py                  # everything: about 3 minutes on 2 AVX-512 cores,
                                                              # 17 on AVX2 only (nn.LSTM's bfloat16 is 8 s a call)
@@ -27,26 +36,79 @@ measured.  Prints Markdown (also written to --output); sets no tuning variable a
 from __future__ import annotations
 
 import argparse
+import ctypes
 import datetime
 import os
 import platform
 import statistics
+import subprocess
+import tempfile
 import time
+from pathlib import Path
 
 import torch
 
 import lltm_core
 import lltm_cpu
+from pointwise_pass import cpu_flags
 
 SIZES = {"T64 B16 I32 S128": (64, 16, 32, 128), "T32 B64 I256 S512": (32, 64, 256, 512)}
 # (dtype, size) -> (training bar, inference bar): LLTMLayer / nn.LSTM, medians of per-round ratios.
 TARGETS = {
-    ("float32", "T64 B16 I32 S128"): (0.65, 0.85),
-    ("float32", "T32 B64 I256 S512"): (0.70, 0.85),
+    ("float32", "T64 B16 I32 S128"): (0.55, 0.75),
+    ("float32", "T32 B64 I256 S512"): (0.65, 0.80),
     ("bfloat16", "T64 B16 I32 S128"): (0.80, 1.00),
     ("bfloat16", "T32 B64 I256 S512"): (0.80, 1.00),
 }
 BASELINE, LAYER, OPS, LOOP = "nn.LSTM", "lltm cpu (LLTMLayer)", "sequence ops", "per-step loop"
+FIXED = "LLTMLayer, deterministic"  # under torch.use_deterministic_algorithms(True): lltm-cpu's fixed choice
+HERE = Path(__file__).resolve().parent
+# machine_peak.cpp's kernels: (its number, the name reported, the /proc/cpuinfo flags it needs).
+PEAK_KERNELS = [
+    (1, "float32 FMA (AVX-512)", {"avx512f"}),
+    (0, "float32 FMA (AVX2)", {"avx2", "fma"}),
+    (2, "bfloat16 dot product (AVX512_BF16)", {"avx512f", "avx512_bf16"}),
+    (3, "bfloat16 tiles (AMX-BF16)", {"amx_tile", "amx_bf16"}),
+]
+
+
+def multiply_adds(name: str, mode: str, steps: int, batch: int, features: int, state: int) -> int:
+    """The GEMMs' multiply-adds of one call: the gates' product per step forward (3 gates for the
+    LLTM, 4 for nn.LSTM), and for training the input and weight gradients' two more."""
+    gates = 4 if name == BASELINE else 3
+    return steps * batch * gates * state * (state + features) * (3 if mode == "fwd+bwd" else 1)
+
+
+def machine_peaks(threads: int) -> dict[str, float]:
+    """{kernel: multiply-adds a second on `threads` threads at once}, for each of machine_peak.cpp's
+    kernels this CPU has, each the best of 5 runs of about 0.1 s."""
+    flags = cpu_flags()
+    with tempfile.TemporaryDirectory(prefix="lltm-peak-") as scratch:
+        library = Path(scratch) / "machine_peak.so"
+        compile_command = ["c++", "-std=c++17", "-O3", "-shared", "-fPIC", "-pthread", str(HERE / "machine_peak.cpp"),
+                           "-o", str(library)]
+        # A compiler without AMX builds the others.
+        if subprocess.run([*compile_command, "-DMACHINE_PEAK_AMX"], capture_output=True).returncode != 0:
+            subprocess.run(compile_command, check=True)
+        peak = ctypes.CDLL(str(library)).machine_peak
+        peak.restype = ctypes.c_double
+        peak.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int]
+        peaks = {}
+        for which, name, needs in PEAK_KERNELS:
+            if needs <= flags:
+                rate = peak(which, threads, 1_000_000 if "AMX" in name else 10_000_000, 5)
+                if rate > 0:
+                    peaks[name] = rate
+    return peaks
+
+
+def roofline_peak(peaks: dict[str, float], dtype_name: str) -> tuple[str, float] | None:
+    """The peak a row of this dtype is held against: the widest float32 FMA, or bfloat16's widest
+    (AMX's tiles where Linux grants them, which lltm-cpu's amx-bf16 route uses, else AVX512_BF16's dot
+    product)."""
+    wanted = ["float32 FMA (AVX-512)", "float32 FMA (AVX2)"] if dtype_name == "float32" else [
+        "bfloat16 tiles (AMX-BF16)", "bfloat16 dot product (AVX512_BF16)"]
+    return next(((name, peaks[name]) for name in wanted if name in peaks), None)
 
 
 def candidates(dtype: torch.dtype, steps: int, batch: int, features: int, state: int) -> dict:
@@ -72,6 +134,15 @@ def candidates(dtype: torch.dtype, steps: int, batch: int, features: int, state:
                 forward()
         return run
 
+    def deterministic(run):
+        def fixed():
+            torch.use_deterministic_algorithms(True)
+            try:
+                run()
+            finally:
+                torch.use_deterministic_algorithms(False)
+        return fixed
+
     def loop():
         h, c = zeros, zeros
         outputs = []
@@ -94,6 +165,7 @@ def candidates(dtype: torch.dtype, steps: int, batch: int, features: int, state:
         LAYER: (train(lambda: layer(x)[0]), infer(lambda: layer(x)[0])),
         OPS: (ops_train, infer(lambda: ops.sequence_forward(x, w, b, zeros, zeros, None, False, False)[0])),
         LOOP: (train(loop), infer(loop)),
+        FIXED: (deterministic(train(lambda: layer(x)[0])), deterministic(infer(lambda: layer(x)[0]))),
     }
 
 
@@ -149,6 +221,7 @@ def main(argv=None) -> int:
         f"--threads {args.threads} --dtypes {args.dtypes}`",
         "",
     ]
+    peaks = machine_peaks(args.threads)
     results = {}
     for dtype_name in args.dtypes.split(","):
         dtype = getattr(torch, dtype_name)
@@ -158,25 +231,44 @@ def main(argv=None) -> int:
                 times, by_place = measure({name: calls[index] for name, calls in cases.items()}, args.rounds,
                                           args.calls)
                 results[dtype_name, size, mode] = (times, ratios(times), by_place)
-
+    # Measured before and after: a neighbour's burst on a shared machine lowers one of them.
+    peaks = {name: max(rate, peaks[name]) for name, rate in machine_peaks(args.threads).items() if name in peaks}
+    lines += ["## The machine's peak (machine_peak.cpp, all threads at once, in this process, the higher of "
+              "before and after the timings)", "",
+              "| kernel | G multiply-adds / s |", "| --- | --- |"]
+    lines += [f"| {name} | {rate / 1e9:.1f} |" for name, rate in peaks.items()] or ["| (none measured) | |"]
+    lines.append("")
     lines += ["## Targets (LLTMLayer / nn.LSTM, median of per-round ratios)", "",
-              "| dtype | size | fwd+bwd | bar | fwd | bar | met |", "| --- | --- | --- | --- | --- | --- | --- |"]
+              "| dtype | size | fwd+bwd | bar | fwd | bar | met | fwd+bwd of peak: lltm-cpu / nn.LSTM |",
+              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for (dtype_name, size), (train_bar, infer_bar) in TARGETS.items():
         if (dtype_name, size, "fwd") not in results:
             continue
         train = results[dtype_name, size, "fwd+bwd"][1][LAYER]
         infer = results[dtype_name, size, "fwd"][1][LAYER]
         met = "yes" if train <= train_bar and infer <= infer_bar else "no"
-        lines.append(f"| {dtype_name} | {size} | {train:.2f} | ≤ {train_bar:.2f} | {infer:.2f} | ≤ {infer_bar:.2f} | {met} |")
+        held_against = roofline_peak(peaks, dtype_name)
+        times = results[dtype_name, size, "fwd+bwd"][0]
+        fractions = "/".join(
+            f"{multiply_adds(name, 'fwd+bwd', *SIZES[size]) / statistics.median(times[name]) / held_against[1]:.0%}"
+            for name in (LAYER, BASELINE)) if held_against else "-"
+        lines.append(f"| {dtype_name} | {size} | {train:.2f} | ≤ {train_bar:.2f} | {infer:.2f} | ≤ {infer_bar:.2f} | "
+                     f"{met} | {fractions} |")
     lines.append("")
     for (dtype_name, size, mode), (times, ratio, by_place) in results.items():
+        held_against = roofline_peak(peaks, dtype_name)
         lines += [f"## {dtype_name} {size} {mode}", "",
-                  "| candidate | median ms | / nn.LSTM | ms by call in its round (1st, 2nd, ...) |",
-                  "| --- | --- | --- | --- |"]
+                  f"Fraction of peak: of the {held_against[0] if held_against else '(no peak measured)'} peak.", "",
+                  "| candidate | median ms | / nn.LSTM | G multiply-adds / s | of peak | ms by call in its round (1st, 2nd, ...) |",
+                  "| --- | --- | --- | --- | --- | --- |"]
+        fixed_cost = statistics.median(f / m for f, m in zip(times[FIXED], times[LAYER]))
         for name in times:
             places = ", ".join(f"{t * 1e3:.3f}" for t in by_place[name])
-            lines.append(f"| {name} | {statistics.median(times[name]) * 1e3:.3f} | {ratio[name]:.2f} | {places} |")
-        lines.append("")
+            median = statistics.median(times[name])
+            rate = multiply_adds(name, mode, *SIZES[size]) / median
+            fraction = f"{rate / held_against[1]:.0%}" if held_against else "-"
+            lines.append(f"| {name} | {median * 1e3:.3f} | {ratio[name]:.2f} | {rate / 1e9:.1f} | {fraction} | {places} |")
+        lines += ["", f"The deterministic choice / the measured one (median of per-round ratios): {fixed_cost:.3f}", ""]
     lines += ["## Routes lltm-cpu chose in this process (lltm_cpu.gemm_routes())", "",
               "| choice | chosen | how | measured (µs) |", "| --- | --- | --- | --- |"]
     for record in lltm_cpu.gemm_routes():

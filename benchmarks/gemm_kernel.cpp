@@ -1,4 +1,5 @@
-// lltm-cpu's float32 GEMM kernel alone (gemm_f32_avx2.cpp, compiled beside
+// lltm-cpu's float32 GEMM kernel alone (gemm_f32_avx2.cpp, or with
+// -DLLTM_GEMM_F32_KERNEL=lltm_cpu::gemm_f32::avx512 gemm_f32_avx512.cpp, compiled beside
 // this): GFLOP/s of multiply() on one thread, the fastest of `reps` calls,
 // for one shape given as m n k trans_a (B packed once, untimed, as the
 // library does).  Also checks the product against a plain loop, so that a
@@ -14,6 +15,11 @@
 
 #include "gemm_f32.h"
 
+#if !defined(LLTM_GEMM_F32_KERNEL)
+#define LLTM_GEMM_F32_KERNEL lltm_cpu::gemm_f32
+#endif
+namespace kernel = LLTM_GEMM_F32_KERNEL;
+
 int main(int argc, char** argv) {
   if (argc != 6) {
     std::fprintf(stderr, "usage: %s m n k trans_a reps\n", argv[0]);
@@ -24,16 +30,16 @@ int main(int argc, char** argv) {
   const int reps = std::atoi(argv[5]);
   std::mt19937 generator(0);
   std::normal_distribution<float> normal(0.f, 1.f);
-  std::vector<float> a(m * k), b(k * n), c(m * n), packed(lltm_cpu::gemm_f32::packed_elements(n, k));
+  std::vector<float> a(m * k), b(k * n), c(m * n), packed(kernel::packed_elements(n, k));
   for (float& value : a) value = normal(generator);
   for (float& value : b) value = normal(generator);
   const int64_t lda = trans_a ? m : k;  // A stored k x m where trans_a
-  lltm_cpu::gemm_f32::pack(false, n, k, b.data(), n, packed.data());
+  kernel::pack(false, n, k, b.data(), n, packed.data());
 
   double best = 1e30;
   for (int rep = 0; rep <= reps; ++rep) {  // the first call touches the memory, and is not counted
     const auto start = std::chrono::steady_clock::now();
-    lltm_cpu::gemm_f32::multiply(trans_a, m, n, k, a.data(), lda, packed.data(), false, c.data(), n);
+    kernel::multiply(trans_a, m, n, k, a.data(), lda, packed.data(), false, c.data(), n);
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     best = rep == 0 ? best : std::min(best, s);
   }

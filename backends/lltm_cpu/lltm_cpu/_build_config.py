@@ -22,7 +22,10 @@ SOURCES = [
     "csrc/lltm.cpp",
     "csrc/cpu/lltm_kernels.cpp",
     "csrc/cpu/lltm_sequence.cpp",
-    "csrc/cpu/blas.cpp",
+    "csrc/cpu/gemm_routes.cpp",  # blas.h: the routes and their timing
+    "csrc/cpu/mkl_binding.cpp",
+    "csrc/cpu/cpu_features.cpp",
+    "csrc/cpu/right_operand.cpp",
     "csrc/cpu/tuning.cpp",
     "csrc/cpu/cpu_runtime.cpp",
     "csrc/cpu/pointwise_default.cpp",
@@ -36,7 +39,7 @@ SOURCES = [
 #: any CPU can never end up calling an AVX-512 build of a shared helper.
 #:
 #: lltm-cpu's own GEMM kernels (those with a route) are optional: each is one
-#: more route that blas.cpp offers where its macro is defined and the CPU has
+#: more route that gemm_routes.cpp offers where its macro is defined and the CPU has
 #: the instructions, and a compiler without those instructions leaves it out
 #: (KERNELS_LEFT_OUT says why).  `use` uses the instructions the source
 #: needs, for that check; `needs` is a kernel whose object it relies on.
@@ -47,6 +50,8 @@ _ISA_CANDIDATES = [
      "__m256 f(__m256 a) { return _mm256_fmadd_ps(a, a, a); }", None),
     ("csrc/cpu/pointwise_avx512.cpp", ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mfma"], None, None,
      None, None),
+    ("csrc/cpu/gemm_f32_avx512.cpp", ["-mavx512f", "-mfma"], "avx512-fma", "LLTM_CPU_AVX512_FMA",
+     "__m512 f(__m512 a) { return _mm512_fmadd_ps(a, a, a); }", None),
     # GCC 10 or clang 9 on.
     ("csrc/cpu/gemm_bf16_avx512.cpp", ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512bf16"],
      "avx512-bf16", "LLTM_CPU_AVX512_BF16", "__m512 f(__m512 a, __m512bh b) { return _mm512_dpbf16_ps(a, b, b); }",
@@ -74,8 +79,9 @@ def compiler_error(flags: list[str], use: str) -> str | None:
 
 
 # A GEMM kernel's inner loop is about 110 bytes: aligned to 64 it spans two of the front end's
-# 64-byte fetch windows, else often three, which cost the float32 kernel up to 7% of its rate on
-# one Xeon (benchmarks/results/cpu_sequence.md, 2026-12-05).  Where the compiler takes the flag.
+# 64-byte fetch windows, else often three, which cost the float32 kernel a measurable share of its
+# rate (benchmarks/results/cpu_sequence.md, "the float32 kernel's stores").  Where the compiler takes
+# the flag.
 _LOOP_ALIGNMENT = ["-falign-loops=64"] if compiler_error(["-falign-loops=64"], "") is None else []
 
 ISA_SOURCES: dict[str, list[str]] = {}

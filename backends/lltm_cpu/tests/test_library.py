@@ -139,6 +139,49 @@ def test_damaged_library_is_unavailable_not_fatal_in_subprocess(tmp_path, cut):
     assert result["answered_by"] == "ref" and result["finite"], result
 
 
+def installed_copy(tmp_path: Path) -> tuple[Path, dict]:
+    """A copy of the installed package under tmp_path, and an environment that imports it."""
+    copy = tmp_path / "lltm_cpu"
+    shutil.copytree(LIBRARY.parent, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+    env.pop("LLTM_CPU_JIT", None)
+    return copy, env
+
+
+def test_main_refuses_a_damaged_library(tmp_path):
+    """``python -m lltm_cpu --library`` runs the checks lltm-cpu's Python side runs before loading:
+    for a truncated library it prints no path (a C++ runner would die loading it) and says to
+    reinstall, with a non-zero exit."""
+    copy, env = installed_copy(tmp_path)
+    library = copy / LIBRARY.name
+    library.write_bytes(library.read_bytes()[:4096])
+    run = subprocess.run([sys.executable, "-m", "lltm_cpu", "--library"], capture_output=True, text=True, env=env)
+    assert run.returncode != 0 and not run.stdout.strip(), (run.returncode, run.stdout, run.stderr)
+    assert "the library is damaged" in run.stderr and "reinstall lltm-cpu" in run.stderr, run.stderr
+    assert "Traceback" not in run.stderr, run.stderr
+
+
+@pytest.mark.parametrize("record", ["LIBRARY_NAME = (\n", "TARGET_TORCH = (2, 10)\n"], ids=["syntax error", "truncated"])
+def test_broken_build_record_says_reinstall_in_subprocess(tmp_path, record):
+    """A _build_info.py an interrupted install or an edit broke: lltm-cpu is unavailable with a
+    "reinstall lltm-cpu" reason (no raw SyntaxError), and ``--library`` says the same, exit 1."""
+    copy, env = installed_copy(tmp_path)
+    (copy / "_build_info.py").write_text(record)
+    run = subprocess.run([sys.executable, "-c", _DAMAGED_PROBE], capture_output=True, text=True, env=env,
+                         timeout=300)
+    assert run.returncode == 0, f"exit {run.returncode}:\n{run.stderr[-3000:]}"
+    import json
+
+    result = json.loads(run.stdout.splitlines()[-1])
+    assert result["module"].startswith(str(copy)), result
+    assert result["status"] == "unavailable" and "cpu" not in result["available"], result
+    assert "_build_info.py is broken" in result["reason"] and "reinstall lltm-cpu" in result["reason"], result
+    assert result["answered_by"] == "ref", result
+    run = subprocess.run([sys.executable, "-m", "lltm_cpu", "--library"], capture_output=True, text=True, env=env)
+    assert run.returncode == 1 and not run.stdout.strip(), (run.returncode, run.stdout, run.stderr)
+    assert "reinstall lltm-cpu" in run.stderr and "Traceback" not in run.stderr, run.stderr
+
+
 BUILD_CONFIG = Path(__file__).resolve().parents[1] / "lltm_cpu" / "_build_config.py"
 
 
@@ -176,6 +219,7 @@ def test_build_leaves_out_the_kernels_its_compiler_lacks(tmp_path, rejected, lac
 
     config = json.loads(probe.stdout)
     kernels = {"avx2-fma": ("csrc/cpu/gemm_f32_avx2.cpp", "-DLLTM_CPU_AVX2_FMA"),
+               "avx512-fma": ("csrc/cpu/gemm_f32_avx512.cpp", "-DLLTM_CPU_AVX512_FMA"),
                "avx512-bf16": ("csrc/cpu/gemm_bf16_avx512.cpp", "-DLLTM_CPU_AVX512_BF16"),
                "amx-bf16": ("csrc/cpu/gemm_bf16_amx.cpp", "-DLLTM_CPU_AMX_BF16")}
     assert set(config["KERNELS_LEFT_OUT"]) == left_out, config

@@ -167,10 +167,10 @@ def test_chosen_by_default(dtype):
 
 def test_older_torch_is_reported_not_loaded(monkeypatch):
     """A torch older than the stable ABI the library targets: the reason, before any loading."""
-    from lltm_cpu import _build_info
+    from lltm_cpu import _build_info, _library
 
     monkeypatch.delenv("LLTM_CPU_JIT", raising=False)
     monkeypatch.setattr(_build_info, "TARGET_TORCH", (99, 0))
-    reason = lltm_cpu._load_library.__wrapped__()
+    reason = _library._load_library.__wrapped__()
     assert reason.startswith(f"lltm-cpu needs torch 99.0 or newer (its library is built on torch's stable ABI "
                              f"for torch >= 99.0), running {torch.__version__}: upgrade torch")

@@ -384,8 +384,8 @@ def test_routes_measured_once_per_shape(dtype):
     for variable in ("LLTM_CPU_GEMM", "LLTM_CPU_SPLIT"):
         if os.environ.get(variable):
             pytest.skip(f"{variable}={os.environ[variable]} chose the route or the GEMMs' shapes")
-    offered = {torch.float32: {"avx2-fma", "mkl-packed", "mkl", "aten"}, torch.float64: {"mkl", "aten"},
-               torch.bfloat16: {"amx-bf16", "avx512-bf16", "avx2-fma", "mkl", "aten"}}[dtype]
+    offered = {torch.float32: {"avx512-fma", "avx2-fma", "mkl-packed", "mkl", "aten"}, torch.float64: {"mkl", "aten"},
+               torch.bfloat16: {"amx-bf16", "avx512-bf16", "avx512-fma", "avx2-fma", "mkl", "aten"}}[dtype]
     name = {torch.float32: "float32", torch.float64: "float64", torch.bfloat16: "bfloat16"}[dtype]
     T, B, I = 3, 5, 4
     S = {torch.float32: 45, torch.float64: 46, torch.bfloat16: 47}[dtype]  # a shape no other test runs
@@ -398,9 +398,10 @@ def test_routes_measured_once_per_shape(dtype):
 
     train()
     new = {k: v for k, v in routes_chosen().items() if k not in before}
-    recurrent = {k: v for k, v in new.items() if k.startswith(f"recurrent {name} ")}
+    recurrent = {r["key"]: r["chosen"] for r in records()
+                 if r["key"] in new and r["kind"] == "recurrent" and r["dtype"] == name}
     # Forward's h W_h^T (N 3S, K S) and backward's d_gates W_h (N S, K 3S).
-    assert sorted(k.split()[3:5] for k in recurrent) == [[f"N{3 * S}", f"K{S}"], [f"N{S}", f"K{3 * S}"]], new
+    assert sorted((r["n"], r["k"]) for r in records() if r["key"] in recurrent) == [(S, 3 * S), (3 * S, S)], new
     assert set(recurrent.values()) <= offered, new
     train()
     assert routes_chosen() == {**before, **new}  # cached: nothing measured again
@@ -414,6 +415,7 @@ def test_routes_measured_once_per_shape(dtype):
             assert all(us > 0 for us in times.values()) and record["chosen"] == min(times, key=times.get), record
     own = [route for route, runs in (("amx-bf16", dtype == torch.bfloat16 and amx_bf16_kernel()),
                                      ("avx512-bf16", dtype == torch.bfloat16 and avx512_bf16_kernel()),
+                                     ("avx512-fma", dtype != torch.float64 and avx512_fma_kernel()),
                                      ("avx2-fma", dtype != torch.float64 and avx2_fma_kernel())) if runs]
     for route in own:  # lltm-cpu's own kernels are among those timed
         assert all(route in record["measured_us"] for record in chosen), (route, chosen)
@@ -428,7 +430,8 @@ def test_routes_measured_once_per_shape(dtype):
                 m, n, k = record["size_class"]  # the candidates follow the class, not the shape timed
                 assert record["m"] <= m and record["n"] <= n and record["k"] <= k, record
                 small = record["threads"] > 1 and m * n * k <= 1 << 24
-                offered = {"avx2-fma", "mkl"} | ({"avx2-fma 1 thread", "mkl 1 thread"} if small else set())
+                own = ["avx512-fma", "avx2-fma"] if avx512_fma_kernel() else ["avx2-fma"]
+                offered = {*own, "mkl"} | ({f"{r} 1 thread" for r in [*own, "mkl"]} if small else set())
                 assert set(times) == offered and record["chosen"] == min(times, key=times.get), record
     else:
         assert not all_steps, new
@@ -550,6 +553,7 @@ def run_this_file(env: dict, seed: int, *extra: str) -> subprocess.CompletedProc
 FORCED = {
     "amx-bf16": {"float32": None, "float64": None, "bfloat16": "amx-bf16"},
     "avx512-bf16": {"float32": None, "float64": None, "bfloat16": "avx512-bf16"},
+    "avx512-fma": {"float32": "avx512-fma", "float64": None, "bfloat16": "avx512-fma"},
     "avx2-fma": {"float32": "avx2-fma", "float64": None, "bfloat16": "avx2-fma"},
     "mkl-packed": {"float32": "mkl-packed", "float64": None, "bfloat16": None},
     "mkl": {"float32": "mkl", "float64": "mkl", "bfloat16": "mkl"},
@@ -581,6 +585,9 @@ def test_forced_gemm_routes_in_subprocess(route, lltm_seed):
     if route == "amx-bf16" and not amx_bf16_kernel():
         pytest.skip("this CPU has no AMX-BF16 (or ATEN_CPU_CAPABILITY is below avx512, or the library was built "
                     f"without it: {lltm_cpu.kernels_left_out()}): lltm-cpu's AMX kernel never runs here")
+    if route == "avx512-fma" and not avx512_fma_kernel():
+        pytest.skip("this CPU has no AVX-512 (or ATEN_CPU_CAPABILITY is below avx512, or the library was built "
+                    f"without it: {lltm_cpu.kernels_left_out()}): lltm-cpu's AVX-512 float32 kernel never runs here")
     if route == "avx2-fma" and not avx2_fma_kernel():
         pytest.skip("this CPU has no AVX2 and FMA (or ATEN_CPU_CAPABILITY=default, or the library was built without "
                     f"it: {lltm_cpu.kernels_left_out()}): lltm-cpu's float32 kernel never runs here")
@@ -606,8 +613,8 @@ def test_forced_gemm_routes_in_subprocess(route, lltm_seed):
     # Skipped only: the kit's checks of can_run / should_run, which lltm-cpu does not define.
     skips = [line for line in run.stdout.splitlines() if line.startswith("SKIPPED")]
     assert " passed" in run.stdout and all("no can_run or should_run" in line for line in skips), run.stdout[-2000:]
-    if route in ("amx-bf16", "avx512-bf16", "avx2-fma"):  # own kernels: this file's odd shapes too (partial tiles, odd K)
-        dtypes = "(bfloat16 or float32)" if route == "avx2-fma" else "bfloat16"
+    if route in ("amx-bf16", "avx512-bf16", "avx512-fma", "avx2-fma"):  # own kernels: this file's odd shapes too
+        dtypes = "(bfloat16 or float32)" if route in ("avx512-fma", "avx2-fma") else "bfloat16"
         run = run_this_file({"LLTM_CPU_GEMM": route}, lltm_seed, "-k", f"matches and {dtypes} and not in_subprocess")
         assert run.returncode == 0, f"with LLTM_CPU_GEMM={route}:\n{run.stdout[-4000:]}{run.stderr[-2000:]}"
 
@@ -627,6 +634,12 @@ def avx2_fma_kernel() -> bool:
     """Whether lltm-cpu's own float32 kernel can run here: it is then a measured route."""
     return ({"avx2", "fma"} <= cpu_flags() and torch.backends.cpu.get_cpu_capability() != "DEFAULT"
             and "avx2-fma" not in lltm_cpu.kernels_left_out())
+
+
+def avx512_fma_kernel() -> bool:
+    """Whether lltm-cpu's AVX-512 float32 kernel can run here: it is then a measured route."""
+    return ("avx512f" in cpu_flags() and torch.backends.cpu.get_cpu_capability() == "AVX512"
+            and "avx512-fma" not in lltm_cpu.kernels_left_out())
 
 
 def avx512_bf16_kernel() -> bool:
@@ -652,14 +665,22 @@ print(json.dumps({"available": report["status"] == "available", "reason": report
 """
 
 
-@pytest.mark.parametrize("variable, value, message", [
-    ("LLTM_CPU_GEMM", "fast", "LLTM_CPU_GEMM must be amx-bf16, avx512-bf16, avx2-fma, mkl-packed, mkl or aten (or unset), got 'fast'"),
-    ("LLTM_CPU_SPLIT", "diagonal", "LLTM_CPU_SPLIT must be rows or columns (or unset), got 'diagonal'"),
-])
-def test_bad_setting_makes_the_backend_unavailable_in_subprocess(variable, value, message):
-    """A value that names nothing: lltm-cpu is unavailable with the reason (which lists the valid
-    values), and calls go on elsewhere, rather than every call raising while cpu looks available."""
-    run = subprocess.run([sys.executable, "-c", _BAD_SETTING_PROBE], env={**os.environ, variable: value},
+@pytest.mark.parametrize("settings, message", [
+    ({"LLTM_CPU_GEMM": "fast"}, "LLTM_CPU_GEMM must be amx-bf16, avx512-bf16, avx512-fma, avx2-fma, mkl-packed, mkl "
+                                "or aten (or unset), got 'fast'"),
+    ({"LLTM_CPU_SPLIT": "diagonal"}, "LLTM_CPU_SPLIT must be rows or columns (or unset), got 'diagonal'"),
+    # A route this CPU lacks (faked by lowering the instruction sets lltm-cpu may use, as on a CPU
+    # without AVX-512): said where `lltm info` shows the backend, not at every call.
+    ({"LLTM_CPU_GEMM": "amx-bf16", "ATEN_CPU_CAPABILITY": "avx2"},
+     "LLTM_CPU_GEMM=amx-bf16 cannot run in this process: lltm-cpu's AMX kernel needs a CPU with AMX-BF16"),
+    ({"LLTM_CPU_GEMM": "avx512-fma", "ATEN_CPU_CAPABILITY": "avx2"},
+     "LLTM_CPU_GEMM=avx512-fma cannot run in this process: lltm-cpu's AVX-512 float32 kernel needs a CPU with "
+     "AVX-512"),
+], ids=["unknown route", "unknown split", "amx-bf16 absent", "avx512-fma absent"])
+def test_bad_setting_makes_the_backend_unavailable_in_subprocess(settings, message):
+    """A value that names nothing, or a route this CPU lacks: lltm-cpu is unavailable with the reason,
+    and calls go on elsewhere, rather than every call raising while cpu looks available."""
+    run = subprocess.run([sys.executable, "-c", _BAD_SETTING_PROBE], env={**os.environ, **settings},
                          capture_output=True, text=True)
     assert run.returncode == 0, run.stderr[-3000:]
     result = json.loads(run.stdout.splitlines()[-1])
@@ -825,3 +846,49 @@ torch.save([o.detach() for o in outputs] + list(grads), sys.argv[3])
         assert max_rel_error(a, b) <= tolerance(dtype), name
         if dtype != torch.bfloat16 and name != "grad_bias":  # bfloat16 rounds each GEMM's sums differently
             assert max_rel_error(a, b) <= (1e-5 if dtype == torch.float32 else 1e-12), name
+
+
+_REPRODUCIBLE_PROBE = """
+import hashlib, json, sys, torch, lltm_core, lltm_cpu
+from lltm_core.testing import make_sequence_inputs
+torch.use_deterministic_algorithms(sys.argv[1] == "1")
+torch.manual_seed(0)
+inputs = [t.detach().requires_grad_() for t in make_sequence_inputs(12, 16, 32, 128)]
+output, h_n, c_n = lltm_core.lltm_sequence(*inputs, backend="cpu")
+(output.square().sum() + h_n.sum() + c_n.sum()).backward()
+digest = hashlib.sha256()
+for t in (output, h_n, c_n, *(i.grad for i in inputs)):
+    digest.update(t.detach().contiguous().numpy().tobytes())
+print(json.dumps({"digest": digest.hexdigest(),
+                  "chosen": sorted((r["kind"], r["m"] if "m" in r else r["batch"], r["chosen"], r["source"])
+                                   for r in lltm_cpu.gemm_routes() if r["dtype"] == "float32")}))
+"""
+
+
+def test_deterministic_algorithms_fix_the_choice_across_processes():
+    """Under torch.use_deterministic_algorithms(True) nothing is timed: two processes whose timings
+    disagree (LLTM_CPU_TEST_SLOW_ROUTES slows different routes and splits in each) choose the same
+    routes and give bitwise-equal float32 results.  Without it, the same two processes choose
+    differently, which shows the timings were made to disagree."""
+    env = {k: v for k, v in os.environ.items() if k not in ("LLTM_CPU_GEMM", "LLTM_CPU_SPLIT")}
+    slowed = {"own kernels, rows": "avx512-fma,avx2-fma,amx-bf16,avx512-bf16,rows",
+              "libraries, columns": "mkl-packed,mkl,aten,columns"}
+
+    def probe(deterministic: bool) -> dict:
+        results = {}
+        for name, routes in slowed.items():
+            run = subprocess.run([sys.executable, "-c", _REPRODUCIBLE_PROBE, "1" if deterministic else "0"],
+                                 env={**env, "LLTM_CPU_TEST_SLOW_ROUTES": routes}, capture_output=True, text=True)
+            assert run.returncode == 0, run.stderr[-3000:]
+            results[name] = json.loads(run.stdout.splitlines()[-1])
+        return results
+
+    measured = probe(False)
+    first, second = measured.values()
+    if first["chosen"] == second["chosen"]:
+        pytest.skip(f"only one route and split are offered here, so no timing can disagree: {first['chosen']}")
+    fixed = probe(True)
+    first, second = fixed.values()
+    assert first["chosen"] == second["chosen"], fixed
+    assert all(source in ("deterministic", "the only one") for *_, source in first["chosen"]), fixed
+    assert first["digest"] == second["digest"], fixed

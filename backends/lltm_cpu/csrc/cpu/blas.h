@@ -1,7 +1,7 @@
 // The GEMMs of the sequence kernels, on raw row-major pointers.
 //
 // A sequence runs T small recurrent GEMMs forward and T backward, and at the
-// tutorial's size each is a few us of arithmetic: a tensor operator adds its
+// tutorial's size each is a little arithmetic: a tensor operator adds its
 // dispatcher round trip, argument checks and output handling to every one.
 // Which library is fastest depends on the CPU and on the shape, so each GEMM
 // shape's route is chosen by measurement, once per process (tuning.h):
@@ -13,7 +13,8 @@
 //   MKL's packed and plain GEMMs, called directly (torch's x86-64 builds link
 //   MKL and export its C and Fortran symbols, found at run time with dlsym:
 //   MKL's ABI, not torch's), lltm-cpu's own kernels (AVX2 FMA for float32
-//   and bfloat16, gemm_f32_avx2.cpp; AVX512_BF16, gemm_bf16_avx512.cpp;
+//   and bfloat16, gemm_f32_avx2.cpp, and its AVX-512 build, gemm_f32_avx512.cpp;
+//   AVX512_BF16, gemm_bf16_avx512.cpp;
 //   AMX tiles for bfloat16, gemm_bf16_amx.cpp),
 //   and torch's mm through the stable C shim
 //   (aoti_torch_cpu_mm_out), which every torch has;
@@ -26,7 +27,7 @@
 // ABI: what they were worth on each CPU measured is in
 // benchmarks/results/cpu_sequence.md.
 //
-// LLTM_CPU_GEMM=amx-bf16|avx512-bf16|avx2-fma|mkl-packed|mkl|aten forces the
+// LLTM_CPU_GEMM=amx-bf16|avx512-bf16|avx512-fma|avx2-fma|mkl-packed|mkl|aten forces the
 // recurrent GEMMs' route (read once, at first use); a dtype without that route
 // (float64 has neither packed GEMM nor own kernel, only bfloat16 has amx-bf16
 // and avx512-bf16) is an
@@ -45,7 +46,7 @@ namespace lltm_cpu {
 namespace blas {
 
 // The table of routes, in the order they are offered and reported.
-enum class Route { kAmxBf16, kAvx512Bf16, kAvx2Fma, kMklPacked, kMkl, kAten };
+enum class Route { kAmxBf16, kAvx512Bf16, kAvx512Fma, kAvx2Fma, kMklPacked, kMkl, kAten };
 
 const char* route_name(Route route);
 

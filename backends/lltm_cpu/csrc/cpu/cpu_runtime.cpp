@@ -33,6 +33,30 @@ OmpInParallel omp_in_parallel_function() {
 }
 }  // namespace
 
+namespace {
+using GlobalContext = void* (*)();
+using ContextFlag = bool (*)(const void*);  // a const member function: `this` comes first
+
+struct DeterministicFlag {
+  GlobalContext context = nullptr;
+  ContextFlag read = nullptr;
+};
+
+const DeterministicFlag& deterministic_flag() {
+  static const DeterministicFlag flag{
+      reinterpret_cast<GlobalContext>(find_symbol("_ZN2at13globalContextEv")),
+      reinterpret_cast<ContextFlag>(find_symbol("_ZNK2at7Context23deterministicAlgorithmsEv"))};
+  return flag;
+}
+}  // namespace
+
+bool deterministic_flag_readable() { return deterministic_flag().context && deterministic_flag().read; }
+
+bool deterministic_algorithms() {
+  const DeterministicFlag& flag = deterministic_flag();
+  return flag.context != nullptr && flag.read != nullptr && flag.read(flag.context());
+}
+
 bool openmp_pool() { return omp_in_parallel_function() != nullptr; }
 
 bool in_parallel_region() {

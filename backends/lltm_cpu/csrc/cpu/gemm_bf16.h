@@ -1,5 +1,5 @@
 // lltm-cpu's bfloat16 micro-kernels, called only where the CPU has them (see
-// blas.cpp): AVX512_BF16 dot products (gemm_bf16_avx512.cpp, which also packs
+// gemm_routes.cpp): AVX512_BF16 dot products (gemm_bf16_avx512.cpp, which also packs
 // for both) and AMX tiles (gemm_bf16_amx.cpp).  bfloat16 values are passed as
 // their 16 bits.
 //

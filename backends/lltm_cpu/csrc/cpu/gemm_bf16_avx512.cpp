@@ -3,8 +3,8 @@
 //
 // Why its own: torch's bfloat16 brgemm runs only where torch can pack B for
 // it (AMX), MKL's bfloat16 GEMM runs AVX2 code on AMD CPUs, and at::mm pays a
-// dispatcher call and a oneDNN primitive lookup per step (15 us at M8 N384
-// K128 here, for 0.4M multiply-adds).  blas.cpp offers this kernel as the
+// dispatcher call and a oneDNN primitive lookup per step, which outweighs a
+// small step's arithmetic (benchmarks/results/cpu_sequence.md).  gemm_routes.cpp offers this kernel as the
 // route "avx512-bf16" where the CPU has AVX512_BF16, and times it against
 // the others like any route.
 //

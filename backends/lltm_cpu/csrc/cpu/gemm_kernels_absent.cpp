@@ -1,6 +1,6 @@
 // The entry points of lltm-cpu's own GEMM kernels that this build left out,
 // because its compiler lacks their instructions (lltm_cpu/_build_config.py
-// checks).  blas.cpp never offers such a route (has_avx2_fma() and the others
+// checks).  gemm_routes.cpp never offers such a route (has_avx2_fma() and the others
 // are false without the kernel's macro), so these exist only so that the
 // library links and loads; each throws if it is ever reached.
 #include <cstdint>
@@ -20,18 +20,28 @@ namespace {
 
 }  // namespace
 
+// gemm_f32.h's entry points, each throwing for `route`.
+#define LLTM_ABSENT_GEMM_F32(route)                                                                               \
+  int64_t packed_elements(int64_t, int64_t) { absent(route); }                                                    \
+  void pack(bool, int64_t, int64_t, const float*, int64_t, float*) { absent(route); }                             \
+  void pack(bool, int64_t, int64_t, const uint16_t*, int64_t, float*) { absent(route); }                          \
+  void multiply(bool, int64_t, int64_t, int64_t, const float*, int64_t, const float*, bool, float*, int64_t) {    \
+    absent(route);                                                                                                \
+  }                                                                                                               \
+  void multiply(bool, int64_t, int64_t, int64_t, const uint16_t*, int64_t, const float*, bool, float*, int64_t) { \
+    absent(route);                                                                                                \
+  }
+
 #if !defined(LLTM_CPU_AVX2_FMA)
 namespace gemm_f32 {
-int64_t packed_elements(int64_t, int64_t) { absent("avx2-fma"); }
-void pack(bool, int64_t, int64_t, const float*, int64_t, float*) { absent("avx2-fma"); }
-void pack(bool, int64_t, int64_t, const uint16_t*, int64_t, float*) { absent("avx2-fma"); }
-void multiply(bool, int64_t, int64_t, int64_t, const float*, int64_t, const float*, bool, float*, int64_t) {
-  absent("avx2-fma");
-}
-void multiply(bool, int64_t, int64_t, int64_t, const uint16_t*, int64_t, const float*, bool, float*, int64_t) {
-  absent("avx2-fma");
-}
+LLTM_ABSENT_GEMM_F32("avx2-fma")
 }  // namespace gemm_f32
+#endif
+
+#if !defined(LLTM_CPU_AVX512_FMA)
+namespace gemm_f32::avx512 {
+LLTM_ABSENT_GEMM_F32("avx512-fma")
+}  // namespace gemm_f32::avx512
 #endif
 
 #if !defined(LLTM_CPU_AVX512_BF16)

@@ -126,7 +126,7 @@ inline void check_dtypes(const char* op, std::initializer_list<NamedTensor> tens
 
 // The per-step cell's kernels take and make a dozen tensors a call.
 // torch::stable::empty and ::contiguous look their aten operator up by name and
-// box its arguments on every call: about 8 us of a 45 us cell forward at the
+// box its arguments on every call, a visible share of a cell forward at the
 // tutorial's size (benchmarks/results/cpu.md).  The two below skip that.
 
 // A new contiguous CPU tensor, made by the C shim's empty_strided.
@@ -161,6 +161,13 @@ bool openmp_pool();
 // A symbol of torch's libraries or of what they loaded (MKL, OpenMP), or
 // nullptr: C functions of other libraries' ABIs, looked up at run time.
 void* find_symbol(const char* name);
+
+// torch.use_deterministic_algorithms's flag, read at each call through
+// at::globalContext().deterministicAlgorithms(), found with find_symbol (the
+// stable ABI has no getter); false where this torch does not export them,
+// which deterministic_flag_readable() tells.
+bool deterministic_algorithms();
+bool deterministic_flag_readable();
 
 namespace detail {
 extern thread_local int parallel_depth;  // parallel_for's regions this thread is inside

@@ -37,8 +37,8 @@ void for_column_ranges(int64_t rows, int64_t columns, const Pass& pass) {
 
 // Runs backward's two GEMMs, which cost the same (`macs` multiply-adds each).
 // On two threads, one GEMM per thread beats two GEMMs one after the other,
-// each split over both threads: at B16 I32 S128, 29 us against 40 us (BLAS
-// runs single-threaded inside a parallel region).  With more threads, that
+// each split over both threads, at the tutorial's size (BLAS runs
+// single-threaded inside a parallel region; benchmarks/results/cpu.md).  With more threads, that
 // pays only while the GEMMs are too small to spread over all of them.
 template <typename Gemm1, typename Gemm2>
 void run_both_gemms(const Gemm1& first, const Gemm2& second, int64_t macs) {

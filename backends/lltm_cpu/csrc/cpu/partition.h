@@ -1,10 +1,9 @@
 // The time loop's partition between threads (lltm_sequence.cpp): blocks of
-// batch rows, or blocks of state columns, the column split's barrier, and
-// the choice between the two.
+// batch rows, or blocks of state columns, and the column split's barrier.
 //
 // Which split is faster is chosen by measurement per (dtype, B, S, threads,
-// direction), by tuning.h (the sequence kernels time it: time_partition in
-// lltm_sequence.cpp), and reported in lltm_cpu.gemm_routes() as a record of
+// direction), by tuning.h (partition_choice.h times both on the real weights
+// and chooses), and reported in lltm_cpu.gemm_routes() as a record of
 // kind "time loop".  LLTM_CPU_SPLIT=rows|columns forces it (read once, at
 // first use), for every problem that more than one thread can run, even one
 // small enough that lltm-cpu would otherwise keep it on one thread (so tests
@@ -55,14 +54,14 @@ inline std::optional<Split> requested_split() {
 // time_split must not choose a GEMM route (tuning's mutex is held): choose
 // those first.
 template <typename TimeSplit>
-Split tuned_split(const std::string& key, const std::string& fields, const TimeSplit& time_split) {
+Split tuned_split(const std::string& key, const tuning::Record& what, const TimeSplit& time_split) {
   if (const std::optional<Split> forced = requested_split()) {
-    tuning::tuned_index(key, fields, {split_name(*forced)}, [](int) { return 0.0; }, "LLTM_CPU_SPLIT");
+    tuning::tuned_index(key, what, {split_name(*forced)}, [](int) { return 0.0; }, "LLTM_CPU_SPLIT");
     return *forced;
   }
   const Split options[] = {Split::kRows, Split::kColumns};
   // The two splits often measure within a few per cent: several rounds (tuning.h).
-  return options[tuning::tuned_index(key, fields, {split_name(Split::kRows), split_name(Split::kColumns)},
+  return options[tuning::tuned_index(key, what, {split_name(Split::kRows), split_name(Split::kColumns)},
                                      [&](int index) { return time_split(options[index]); }, tuning::kOnlyOne,
                                      tuning::kCloseCallRounds)];
 }

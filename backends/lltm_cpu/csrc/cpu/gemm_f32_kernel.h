@@ -1,0 +1,191 @@
+// The body of lltm-cpu's float32 micro-kernel (gemm_f32.h), written once for
+// every vector width: gemm_f32_avx2.cpp and gemm_f32_avx512.cpp each define a
+// struct `Isa` (the vector type, its operations and the tile's sizes) in an
+// anonymous namespace and then include this file inside the namespace whose
+// entry points it defines.  It includes nothing itself: each includer has
+// included <immintrin.h>, <cstdint> and <cstring> before.
+//
+// B (k x n) is packed once per sequence into blocks of Isa::kBlock columns (one
+// vector), each holding its k rows one after another, the last block padded
+// with zeros.  A call runs over k in slices of Isa::kDepth rows, so that a
+// micro-tile's slice of B (Isa::kBlocks blocks) stays in the L1 cache while the
+// row tiles of a panel of A (kPanelRows rows, kept in L2) pass over it; a
+// micro-tile is Isa::kRows rows by Isa::kBlocks blocks of accumulators.  A
+// transposed A (the weight gradients: A stored k x m, a row of it thousands of
+// bytes long) is first copied into a panel of its own, each row tile's kRows
+// values of a row of B next to each other: read in place, a tile's every step
+// touched a new cache line, all of them a multiple of the row length apart and
+// so in a few of the L1 cache's sets (benchmarks/results/cpu_sequence.md).
+
+namespace {
+
+constexpr int64_t kRows = Isa::kRows;
+constexpr int64_t kBlocks = Isa::kBlocks;
+constexpr int64_t kLanes = Isa::kBlock;
+constexpr int64_t kPanelRows = 96;  // rows of A per pass over B's column tiles, in L2
+
+// Plain helpers of this file's own (no std:: templates): an inline function
+// shared with another object could be linked in from a build for another ISA.
+inline int64_t smaller(int64_t a, int64_t b) { return a < b ? a : b; }
+
+inline float widened(float value) { return value; }
+inline float widened(uint16_t bits) {
+  const uint32_t wide = static_cast<uint32_t>(bits) << 16;
+  float value;
+  std::memcpy(&value, &wide, sizeof(value));
+  return value;
+}
+
+// One micro-tile over a slice of `depth` rows of B: C rows [0, R) by column
+// blocks [0, NB), the last block `last_cols` wide.  A is m x k, stored k x m
+// where TransA.
+template <int64_t R, int64_t NB, bool TransA, typename A>
+void tile(int64_t depth, const A* a, int64_t lda, const float* packed, int64_t block_stride, bool accumulate,
+          float* c, int64_t ldc, int64_t last_cols) {
+  typename Isa::Vec acc[R][NB];
+  for (int64_t r = 0; r < R; ++r) {
+    for (int64_t q = 0; q < NB; ++q) {
+      acc[r][q] = Isa::zero();
+    }
+  }
+  for (int64_t p = 0; p < depth; ++p) {
+    typename Isa::Vec b[NB];
+    for (int64_t q = 0; q < NB; ++q) {
+      b[q] = Isa::load(packed + q * block_stride + p * kLanes);
+    }
+    for (int64_t r = 0; r < R; ++r) {
+      const typename Isa::Vec a_value = Isa::broadcast(widened(TransA ? a[p * lda + r] : a[r * lda + p]));
+      for (int64_t q = 0; q < NB; ++q) {
+        acc[r][q] = Isa::fma(a_value, b[q], acc[r][q]);
+      }
+    }
+  }
+  for (int64_t q = 0; q < NB; ++q) {
+    // Only a block cut by the matrix's edge is masked (AVX2's masked store is
+    // microcoded on AMD: benchmarks/results/cpu_sequence.md).
+    const bool whole = q < NB - 1 || last_cols == kLanes;
+    for (int64_t r = 0; r < R; ++r) {
+      float* out = c + r * ldc + q * kLanes;
+      if (whole) {
+        Isa::store(out, accumulate ? Isa::add(acc[r][q], Isa::load(out)) : acc[r][q]);
+      } else {
+        Isa::store_first(out, accumulate ? Isa::add(acc[r][q], Isa::load_first(out, last_cols)) : acc[r][q],
+                         last_cols);
+      }
+    }
+  }
+}
+
+template <typename A>
+using Tile = void (*)(int64_t, const A*, int64_t, const float*, int64_t, bool, float*, int64_t, int64_t);
+
+template <int64_t R, int64_t NB, bool TransA, typename A>
+Tile<A> tile_for_blocks(int64_t blocks) {
+  if constexpr (NB == 1) {
+    return tile<R, 1, TransA, A>;
+  } else {
+    return blocks >= NB ? tile<R, NB, TransA, A> : tile_for_blocks<R, NB - 1, TransA, A>(blocks);
+  }
+}
+
+template <int64_t R, bool TransA, typename A>
+Tile<A> tile_for(int64_t rows, int64_t blocks) {
+  if constexpr (R == 1) {
+    return tile_for_blocks<1, kBlocks, TransA, A>(blocks);
+  } else {
+    return rows >= R ? tile_for_blocks<R, kBlocks, TransA, A>(blocks) : tile_for<R - 1, TransA, A>(rows, blocks);
+  }
+}
+
+template <typename B>
+void pack_any(bool trans_b, int64_t n, int64_t k, const B* b, int64_t ldb, float* packed) {
+  const int64_t blocks = (n + kLanes - 1) / kLanes;
+  for (int64_t block = 0; block < blocks; ++block) {
+    for (int64_t row = 0; row < k; ++row) {
+      for (int64_t j = 0; j < kLanes; ++j) {
+        const int64_t col = block * kLanes + j;
+        const float value = col < n ? widened(trans_b ? b[col * ldb + row] : b[row * ldb + col]) : 0.0f;
+        packed[(block * k + row) * kLanes + j] = value;
+      }
+    }
+  }
+}
+
+// Rows [0, rows) and k-slice rows [0, depth) of A stored k x m (a points at
+// the first), into `panel`: row tile t's values of slice row p at
+// panel[(t * depth + p) * kRows], so that a tile reads them as an A stored
+// k x kRows.  A last tile's missing rows are never read, and stay unwritten.
+template <typename A>
+void pack_transposed_panel(int64_t rows, int64_t depth, const A* a, int64_t lda, float* panel) {
+  const int64_t whole = rows / kRows * kRows;
+  for (int64_t p = 0; p < depth; ++p) {
+    const A* source = a + p * lda;
+    float* out = panel + p * kRows;
+    for (int64_t row = 0; row < whole; row += kRows) {
+      for (int64_t r = 0; r < kRows; ++r) {
+        out[row * depth + r] = widened(source[row + r]);
+      }
+    }
+    for (int64_t row = whole; row < rows; ++row) {
+      out[whole * depth + row - whole] = widened(source[row]);
+    }
+  }
+}
+
+template <bool TransA, typename A>
+void multiply_any(int64_t m, int64_t n, int64_t k, const A* a, int64_t lda, const float* packed, bool accumulate,
+                  float* c, int64_t ldc) {
+  const int64_t block_stride = k * kLanes;
+  const int64_t blocks = (n + kLanes - 1) / kLanes;
+  // A transposed A's panel, copied (on the calling thread's stack).
+  alignas(64) float a_panel[TransA ? kPanelRows * Isa::kDepth : 1];
+  for (int64_t first = 0; first < k; first += Isa::kDepth) {
+    const int64_t depth = smaller(Isa::kDepth, k - first);
+    const bool add = accumulate || first > 0;  // later slices add to the earlier ones
+    for (int64_t panel = 0; panel < m; panel += kPanelRows) {
+      const int64_t panel_end = smaller(m, panel + kPanelRows);
+      if constexpr (TransA) {
+        pack_transposed_panel(panel_end - panel, depth, a + first * lda + panel, lda, a_panel);
+      }
+      for (int64_t block = 0; block < blocks; block += kBlocks) {
+        const int64_t tile_blocks = smaller(kBlocks, blocks - block);
+        const int64_t last_cols = smaller(kLanes, n - (block + tile_blocks - 1) * kLanes);
+        const float* slice = packed + block * block_stride + first * kLanes;
+        for (int64_t row = panel; row < panel_end; row += kRows) {
+          const int64_t rows = smaller(kRows, panel_end - row);
+          float* c_tile = c + row * ldc + block * kLanes;
+          if constexpr (TransA) {
+            tile_for<kRows, true, float>(rows, tile_blocks)(depth, a_panel + (row - panel) * depth, kRows, slice,
+                                                            block_stride, add, c_tile, ldc, last_cols);
+          } else {
+            tile_for<kRows, false, A>(rows, tile_blocks)(depth, a + row * lda + first, lda, slice, block_stride,
+                                                         add, c_tile, ldc, last_cols);
+          }
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+
+int64_t packed_elements(int64_t n, int64_t k) { return (n + kLanes - 1) / kLanes * kLanes * k; }
+
+void pack(bool trans_b, int64_t n, int64_t k, const float* b, int64_t ldb, float* packed) {
+  pack_any(trans_b, n, k, b, ldb, packed);
+}
+
+void pack(bool trans_b, int64_t n, int64_t k, const uint16_t* b, int64_t ldb, float* packed) {
+  pack_any(trans_b, n, k, b, ldb, packed);
+}
+
+void multiply(bool trans_a, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* packed,
+              bool accumulate, float* c, int64_t ldc) {
+  (trans_a ? multiply_any<true, float> : multiply_any<false, float>)(m, n, k, a, lda, packed, accumulate, c, ldc);
+}
+
+void multiply(bool trans_a, int64_t m, int64_t n, int64_t k, const uint16_t* a, int64_t lda, const float* packed,
+              bool accumulate, float* c, int64_t ldc) {
+  (trans_a ? multiply_any<true, uint16_t> : multiply_any<false, uint16_t>)(m, n, k, a, lda, packed, accumulate, c,
+                                                                           ldc);
+}

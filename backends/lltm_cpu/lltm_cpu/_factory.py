@@ -1,0 +1,73 @@
+"""lltm-cpu's backend for lltm-core: the operators the library registers, their saved-tensor layouts
+and their shapes for FakeTensorMode (the entry point ``cpu = lltm_cpu:load_backend``)."""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from ._cpu_info import cpu_info
+from ._library import _load_library, library_path, variant
+
+
+def saved_layout(batch: int, input_features: int, state_size: int) -> dict:
+    # Why these and not others: see csrc/cpu/lltm_kernels.cpp.
+    return {
+        "X": (batch, state_size + input_features),  # cat([old_h, input]), for grad_weights
+        "gates": (batch, 3 * state_size),  # [sigmoid(i) | sigmoid(o) | elu(z)]
+        "tanh_cell": (batch, state_size),  # tanh(new_cell)
+    }
+
+
+def sequence_saved_layout(steps: int, batch: int, input_features: int, state_size: int) -> dict:
+    # lltm-ref's: with the input and output lltm_core holds, (5S + I)·T·B
+    # elements, under the (6S + I)·T·B the contract allows.  See
+    # csrc/cpu/lltm_sequence.cpp.
+    return {
+        "gates": (steps, batch, 3 * state_size),  # per step [sigmoid(i) | sigmoid(o) | elu(z)]
+        "tanh_cell": (steps, batch, state_size),  # per step tanh(c_t)
+    }
+
+
+@functools.cache
+def _register_fakes() -> None:
+    # The operators' shapes for FakeTensorMode, torch.compile and torch.export (see lltm_core.extension).
+    from lltm_core.extension import register_fake_kernels
+
+    register_fake_kernels("lltm_cpu", saved_layout, sequence_saved_layout)
+
+
+def load_backend():
+    from lltm_core.backend import Backend
+
+    from lltm_core.extension import unavailable_kernel
+
+    unavailable = _load_library()
+    if unavailable is None:
+        # The registered operators themselves: no Python frame per call (its
+        # cost at the tutorial's size: benchmarks/results/cpu.md).
+        ops = torch.ops.lltm_cpu
+        forward, backward = ops.forward.default, ops.backward.default
+        sequence_forward, sequence_backward = ops.sequence_forward.default, ops.sequence_backward.default
+        _register_fakes()
+    else:
+        forward = backward = sequence_forward = sequence_backward = unavailable_kernel("cpu", unavailable)
+    return Backend(
+        name="cpu",
+        forward=forward,
+        backward=backward,
+        saved_layout=saved_layout,
+        devices=frozenset({"cpu"}),
+        dtypes=frozenset({torch.float32, torch.float64, torch.bfloat16}),
+        priority=100,
+        interface_versions=(1, 2, 3),
+        availability=lambda: unavailable,
+        # Its GEMM routes are chosen per shape at the first call: lltm_cpu.gemm_routes() lists them.
+        description=(f"fused C++ kernels, vectorised per CPU instruction set; this CPU: {cpu_info()}; "
+                     f"library: {variant()}"),
+        sequence_forward=sequence_forward,
+        sequence_backward=sequence_backward,
+        sequence_saved_layout=sequence_saved_layout,
+        operator_library=library_path() if unavailable is None else None,
+    )
