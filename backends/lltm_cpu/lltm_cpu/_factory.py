@@ -6,28 +6,11 @@ from __future__ import annotations
 import functools
 
 import torch
+# lltm-core's standard saved layouts; what the gates hold (after activation) is csrc/cpu/lltm_kernels.cpp's choice.
+from lltm_core.extension import saved_layout, sequence_saved_layout
 
 from ._cpu_info import cpu_info
 from ._library import _load_library, library_path, variant
-
-
-def saved_layout(batch: int, input_features: int, state_size: int) -> dict:
-    # Why these and not others: see csrc/cpu/lltm_kernels.cpp.
-    return {
-        "X": (batch, state_size + input_features),  # cat([old_h, input]), for grad_weights
-        "gates": (batch, 3 * state_size),  # [sigmoid(i) | sigmoid(o) | elu(z)]
-        "tanh_cell": (batch, state_size),  # tanh(new_cell)
-    }
-
-
-def sequence_saved_layout(steps: int, batch: int, input_features: int, state_size: int) -> dict:
-    # lltm-ref's: with the input and output lltm_core holds, (5S + I)·T·B
-    # elements, under the (6S + I)·T·B the contract allows.  See
-    # csrc/cpu/lltm_sequence.cpp.
-    return {
-        "gates": (steps, batch, 3 * state_size),  # per step [sigmoid(i) | sigmoid(o) | elu(z)]
-        "tanh_cell": (steps, batch, state_size),  # per step tanh(c_t)
-    }
 
 
 @functools.cache
