@@ -17,26 +17,26 @@ import torch
 import lltm_core
 import lltm_ref
 from lltm_core import _discovery, _registry
-from lltm_core.extension import register_fake_kernels
+from lltm_core.extension import contract_schemas, register_fake_kernels
 from lltm_core.testing import make_inputs
 
 _NAMESPACE = "lltm_test_opbacked"
 _ran: list[str] = []
 
 # A backend whose kernels are torch.library operators, as lltm-cpu's are, on lltm-ref's arithmetic.
+# Its operators have the contract's schemas (lltm_schema.h), as a compiled backend's must.
 _library = torch.library.Library(_NAMESPACE, "DEF")
-_library.define("forward(Tensor input, Tensor weights, Tensor bias, Tensor old_h, Tensor old_cell) -> Tensor[]")
-_library.define("backward(Tensor grad_new_h, Tensor grad_new_cell, Tensor weights, Tensor X, Tensor gates, "
-                "Tensor tanh_cell, bool needs_grad_X) -> Tensor[]")
+_library.define(contract_schemas()["forward"])
+_library.define(contract_schemas()["backward"])
 
 
 def _forward(*args):
     _ran.append("forward")
-    return [t.clone() for t in lltm_ref.forward(*args)]
+    return tuple(t.clone() for t in lltm_ref.forward(*args))
 
 
 def _backward(*args):
-    return list(lltm_ref.backward(*args))
+    return tuple(lltm_ref.backward(*args))
 
 
 _library.impl("forward", _forward, "CPU")

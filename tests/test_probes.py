@@ -113,7 +113,7 @@ def _define(namespace: str, schemas: dict) -> torch.library.Library:
 
 
 def test_fake_kernels_bind_the_header_arguments_by_name():
-    from lltm_ref import saved_layout, sequence_saved_layout
+    from lltm_core.extension import saved_layout, sequence_saved_layout
 
     library = _define("lltm_test_schema_ok", contract_schemas())  # noqa: F841 (kept alive)
     register_fake_kernels("lltm_test_schema_ok", saved_layout, sequence_saved_layout)
@@ -135,7 +135,7 @@ def test_fake_kernels_bind_the_header_arguments_by_name():
 
 
 def test_fake_kernels_refuse_a_library_of_another_schema():
-    from lltm_ref import saved_layout
+    from lltm_core.extension import saved_layout
 
     schemas = dict(contract_schemas())
     schemas["backward"] = schemas["backward"].replace("grad_new_h", "grad_h")
