@@ -26,4 +26,12 @@ def explain(call: Call) -> list[TraceEntry]:
     ranking = _registry.rank(call.device_type, call.dtype, name, source)
     if ranking.error and name is not None:
         return [TraceEntry(name, "unavailable", ranking.error), *ranking.passed_over]
-    return _registry.decide(ranking, call)[1]
+    chosen, trace = _registry.decide(ranking, call)
+    if chosen is None or chosen.describe_call is None:
+        return trace
+    try:
+        path = chosen.describe_call(call)
+    except Exception as exc:  # a forced path that cannot run says so here, as the call would raise
+        path = f"the call would fail: {exc}"
+    return [entry._replace(reason=f"{entry.reason}; {path}") if entry.verdict == "chosen" and path else entry
+            for entry in trace]

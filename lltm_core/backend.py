@@ -282,6 +282,10 @@ class Backend:
     #: The kernels are compositions of ATen operators alone: ``torch.export`` traces through them
     #: (see "Traced graphs and deployment" above).
     composite: bool = False
+    #: ``describe_call(call: Call) -> str | None``: how the backend runs a call it was chosen for,
+    #: where it has several paths of its own (lltm-cuda: the persistent or the per-step sequence), for
+    #: ``explain()`` and ``lltm info --explain``; None: nothing to add.  Any interface version.
+    describe_call: Callable[[Call], str | None] | None = None
 
     def __post_init__(self):
         # A backend is someone else's code: a malformed field fails here, when
@@ -337,6 +341,8 @@ class Backend:
             raise bad("operator_library", "a path (str) or None")
         if not isinstance(self.composite, bool):
             raise bad("composite", "a bool")
+        if self.describe_call is not None and not callable(self.describe_call):
+            raise bad("describe_call", "callable or None")
         # Which sequence_forward signature to call: the newest version both sides speak.
         spoken = [v for v in self.interface_versions if v in SUPPORTED_INTERFACE_VERSIONS]
         takes_needs_backward = bool(spoken) and max(spoken) >= CALL_INTERFACE_VERSION

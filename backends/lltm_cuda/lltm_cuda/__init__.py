@@ -227,4 +227,13 @@ def load_backend():
         sequence_saved_layout=sequence_saved_layout,
         operator_library=None if reason is not None else (
             (os.environ.get(ENV_EMULATED_LIBRARY) if EMULATED else None) or library_path()),
+        describe_call=None if reason is not None else _describe_call,
     )
+
+
+def _describe_call(call) -> str | None:
+    """The sequence path a call takes (lltm info --explain shows it): what plan_sequence decides."""
+    if call.op != "sequence":
+        return None
+    device = 0 if EMULATED else torch.cuda.current_device()  # a Call names a device type, not an index
+    return f"lltm-cuda's sequence path: {sequence_path(call.dtype, call.batch, call.state_size, device)[2]}"

@@ -149,3 +149,22 @@ def test_without_clusters_the_default_is_per_step_and_a_forced_cluster_of_one_ru
     run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
     assert run.returncode == 0, run.stderr
     assert "LLTM_CUDA_CLUSTER=2 on a device without thread-block clusters" in run.stdout
+
+
+def test_explain_names_the_sequence_path(monkeypatch):
+    """lltm info --explain's trace adds the path lltm-cuda takes to the chosen entry, a forced path
+    that cannot run included; the cell has one path, so its entry stays as the rule wrote it."""
+    call = lltm_core.Call("sequence", "cpu", torch.float32, 16, 32, 128, 64, True)
+    with lltm_core.use_backend("cuda_emulated"):
+        (chosen,) = [e for e in lltm_core.explain(call) if e.verdict == "chosen"]
+        assert "sequence path: persistent" in chosen.reason, chosen
+        monkeypatch.setenv("LLTM_CUDA_SEQUENCE", "per-step")
+        (chosen,) = [e for e in lltm_core.explain(call) if e.verdict == "chosen"]
+        assert "sequence path: per-step: LLTM_CUDA_SEQUENCE=per-step" in chosen.reason, chosen
+        monkeypatch.setenv("LLTM_CUDA_SEQUENCE", "persistent")
+        float64 = call._replace(dtype=torch.float64)
+        (chosen,) = [e for e in lltm_core.explain(float64) if e.verdict == "chosen"]
+        assert "the call would fail" in chosen.reason and "float64" in chosen.reason, chosen
+        cell = lltm_core.Call("cell", "cpu", torch.float32, 16, 32, 128, None, True)
+        (chosen,) = [e for e in lltm_core.explain(cell) if e.verdict == "chosen"]
+        assert "path" not in chosen.reason, chosen
