@@ -167,9 +167,10 @@ _SCALAR_TYPES = {torch.float16: 5, torch.float32: 6, torch.float64: 7, torch.bfl
 
 def sequence_path(dtype: torch.dtype, batch: int, state_size: int, device: int = 0) -> tuple[str, int, str]:
     """Which path a sequence call of these sizes takes on cuda:``device``, as the library decides it
-    (csrc/cuda/lltm_persistent.cu, plan_sequence): ``("persistent", cluster blocks, why)`` or
-    ``("per-step", 1, why)``.  LLTM_CUDA_SEQUENCE and LLTM_CUDA_CLUSTER force a choice; a forced
-    choice that cannot run raises RuntimeError, as the call would."""
+    (csrc/cuda/lltm_persistent.cu, plan_sequence): ``("persistent", cluster blocks, why)``,
+    ``("grid", cooperative grid blocks, why)`` or ``("per-step", 1, why)``.  LLTM_CUDA_SEQUENCE
+    (persistent, grid, per-step, auto) and LLTM_CUDA_CLUSTER force a choice; a forced choice that
+    cannot run raises RuntimeError, as the call would."""
     import ctypes
 
     reason = unavailable_reason()
@@ -180,11 +181,12 @@ def sequence_path(dtype: torch.dtype, batch: int, state_size: int, device: int =
     plan.restype = ctypes.c_int
     plan.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_char_p, ctypes.c_size_t]
     why = ctypes.create_string_buffer(1024)
-    cluster = plan(device, _SCALAR_TYPES[dtype], batch, state_size, why, len(why))
+    blocks = plan(device, _SCALAR_TYPES[dtype], batch, state_size, why, len(why))
     text = why.value.decode()
-    if cluster < 0:
+    if blocks < 0:
         raise RuntimeError(text)
-    return ("persistent", cluster, text) if cluster > 0 else ("per-step", 1, text)
+    path = text.partition(":")[0]  # the reason starts with the path's name
+    return (path, blocks, text) if blocks > 0 else ("per-step", 1, text)
 
 
 def load_backend():

@@ -1,7 +1,7 @@
 // The persistent sequence kernels: the LLTM's time loop in one launch (forward, and backward), for
 // float32, bfloat16 and float16 with float32 accumulation.
 //
-// A thread-block cluster of C blocks splits the S hidden units: block r owns units [u0, u0 + n) and
+// The cluster path: a thread-block cluster of C blocks splits the S hidden units: block r owns units [u0, u0 + n) and
 // keeps their rows of W_h (all three gates: 3n rows of S) in shared memory for the whole loop, so
 // each step's gates and cell are block-local.  The input projection (all steps, bias folded in) is
 // one GEMM before the launch, and the weight and input gradients stay GEMMs after the backward.
@@ -13,6 +13,13 @@
 //                  its own rows (all S columns); after the cluster barrier each block sums the
 //                  partials for its units over the ranks in order 0..C-1, so the result does not
 //                  depend on timing (deterministic); the partials are double-buffered as h is.
+// Where W_h does not fit a cluster (T64 B256 I1024 S1024), the grid path (LLTM_CUDA_SEQUENCE=grid)
+// runs the same loop over a cooperative launch of one block a multiprocessor: each block keeps its
+// units' rows of W_h in shared memory, h_{t-1} is exchanged through two buffers in global memory,
+// and the grid barrier ends a step.  Its backward writes d_gates to global memory, and after the
+// grid barrier each block sums d_h for its own units over W_h's columns in a fixed order.  One
+// kernel a step on the critical path either way; whether it beats the per-step path there is a
+// GPU's to measure (benchmarks/persistent_vs_cudnn.py), and until then it runs only when forced.
 // Every product accumulates in float from the stored type (FFMA): float32 stays IEEE whatever
 // allow_tf32 says.  On a GPU without clusters (sm_80) a kernel compiled for it runs as a cluster
 // of one (see rt::cluster_sync).
@@ -23,6 +30,8 @@
 #include <exception>
 #include <map>
 #include <mutex>
+#include <sstream>
+#include <tuple>
 #include <utility>
 
 namespace lltm_cuda {
@@ -68,125 +77,249 @@ inline int64_t backward_shared_bytes(int64_t element, int64_t batch, int64_t sta
          align16(batch * 3 * max_units(state_size, blocks) * 4) + 2 * batch * state_size * 4;
 }
 
-// Copies this block's rows of W_h (the first S columns of weights, row stride ld) into
-// w_s[3][n_max][w_ld], w_ld = w_row_stride.
+// A block's rows of W_h in shared memory, w[3][n_max][ld] (ld = w_row_stride): gate g's row of
+// its unit u at row(g, u).
 template <typename scalar_t>
-__device__ __forceinline__ void load_w_h(scalar_t* w_s, const scalar_t* weights, int64_t ld, int64_t state_size,
-                                         Units units, int64_t n_max) {
-  const int64_t w_ld = w_row_stride(state_size, sizeof(scalar_t));
+struct BlockRows {
+  const scalar_t* w;
+  int64_t n_max, ld;
+  __device__ __forceinline__ const scalar_t* row(int gate, int64_t u) const { return w + (gate * n_max + u) * ld; }
+};
+
+// Copies the rows of W_h of `units` (the first S columns of weights, row stride ld) into the start
+// of the dynamic shared memory, laid out for `blocks` blocks; returns where they are.
+template <typename scalar_t>
+__device__ __forceinline__ BlockRows<scalar_t> load_w_h(const scalar_t* weights, int64_t ld, int64_t state_size,
+                                                        Units units, unsigned blocks) {
+  const BlockRows<scalar_t> rows{rt::dynamic_shared<scalar_t>(), max_units(state_size, blocks),
+                                 w_row_stride(state_size, sizeof(scalar_t))};
+  scalar_t* const w_s = rt::dynamic_shared<scalar_t>();
   const int64_t total = 3 * units.count * state_size;
   for (int64_t i = threadIdx.x; i < total; i += blockDim.x) {
     const int64_t gate = i / (units.count * state_size), unit = i / state_size % units.count, k = i % state_size;
-    w_s[(gate * n_max + unit) * w_ld + k] = weights[(gate * state_size + units.first + unit) * ld + k];
+    w_s[(gate * rows.n_max + unit) * rows.ld + k] = weights[(gate * state_size + units.first + unit) * ld + k];
   }
+  return rows;
 }
 
+// What a forward launch works on, on either path (see PersistentForward).
 template <typename scalar_t>
-__global__ void persistent_forward_kernel(
-    const scalar_t* __restrict__ weights, int64_t ld, scalar_t* __restrict__ gates, scalar_t* __restrict__ h,
-    opmath_type<scalar_t>* __restrict__ cell, scalar_t* __restrict__ output, scalar_t* __restrict__ tanh_cell,
-    const int64_t* __restrict__ lengths, int64_t steps, int64_t k_begin, int64_t k_end, int64_t first_step,
-    bool reverse, bool store_gates, int64_t batch, int64_t state_size) {
+struct ForwardParams {
+  const scalar_t* weights;
+  int64_t ld;
+  scalar_t* gates;
+  scalar_t* h;
+  opmath_type<scalar_t>* cell;
+  scalar_t* output;
+  scalar_t* tanh_cell;  // null: nothing kept for a backward
+  const int64_t* lengths;
+  int64_t steps, k_begin, k_end, first_step;
+  bool reverse, store_gates;
+  int64_t batch, state_size;
+};
+
+// Unit j (the block's u-th) of row b at step t: its gates from the input projection and h_{t-1}
+// (`row`, the S values of row b), the cell, the step's outputs, and h itself after the launch's
+// last step; returns the unit's h_t (the state it had, for a row past its length).
+template <typename scalar_t>
+__device__ __forceinline__ scalar_t forward_unit(const ForwardParams<scalar_t>& p, const BlockRows<scalar_t>& w,
+                                                 const scalar_t* row, int64_t b, int64_t u, int64_t j, int64_t t,
+                                                 bool last) {
   using opmath_t = opmath_type<scalar_t>;
-  const unsigned rank = rt::cluster_rank(), blocks = rt::cluster_blocks();
-  const Units units = units_of(state_size, rank, blocks);
-  const int64_t n_max = max_units(state_size, blocks), S = state_size, BS = batch * state_size;
-  scalar_t* const w_s = rt::dynamic_shared<scalar_t>();
-  const int64_t w_ld = w_row_stride(S, sizeof(scalar_t));
-  scalar_t* const h_s = w_s + w_bytes(S, blocks, sizeof(scalar_t)) / int64_t(sizeof(scalar_t));
-  load_w_h(w_s, weights, ld, S, units, n_max);
-  for (int64_t i = threadIdx.x; i < BS; i += blockDim.x) {
-    h_s[i] = h[i];
+  const int64_t S = p.state_size, BS = p.batch * S;
+  scalar_t* const g = p.gates + ((t - p.first_step) * p.batch + b) * 3 * S;
+  opmath_t pre_i = opmath_t(g[j]), pre_o = opmath_t(g[S + j]), pre_z = opmath_t(g[2 * S + j]);
+  const scalar_t *const w_i = w.row(0, u), *const w_o = w.row(1, u), *const w_z = w.row(2, u);
+  for (int64_t c = 0; c < S; ++c) {
+    const opmath_t hc = opmath_t(row[c]);
+    pre_i += hc * opmath_t(w_i[c]);
+    pre_o += hc * opmath_t(w_o[c]);
+    pre_z += hc * opmath_t(w_z[c]);
   }
-  // Every block's W_h and h in place, and every peer started, before any block writes a peer's buffer.
-  rt::cluster_sync();
-  const int64_t mine = batch * units.count;
-  for (int64_t k = k_begin; k < k_end; ++k) {
-    const int64_t t = reverse ? steps - 1 - k : k;
-    const int current = int((k - k_begin) & 1);
-    const int next = 1 - current;  // double-buffered: peers may still read `current` this step
-    const scalar_t* const h_now = h_s + current * BS;
-    scalar_t* const h_next = h_s + next * BS;
+  if (p.store_gates) {  // the saved pre-activation gates, as the per-step path's GEMM leaves them
+    g[j] = scalar_t(pre_i);
+    g[S + j] = scalar_t(pre_o);
+    g[2 * S + j] = scalar_t(pre_z);
+  }
+  const int64_t at = b * S + j;
+  scalar_t new_h = row[j], out = scalar_t(0), tanh_c = scalar_t(0);  // a row past its length keeps its state
+  if (takes_part(p.lengths, b, t)) {
+    const auto result = cell_forward<opmath_t>(pre_i, pre_o, pre_z, p.cell[at]);
+    p.cell[at] = result.cell;
+    new_h = out = scalar_t(result.h);
+    tanh_c = scalar_t(result.tanh_cell);
+  }
+  p.output[t * BS + at] = out;
+  if (p.tanh_cell != nullptr) {
+    p.tanh_cell[t * BS + at] = tanh_c;
+  }
+  if (last) {
+    p.h[at] = new_h;
+  }
+  return new_h;
+}
+
+// The blocks that share a time loop, and how they hand each other h.  A team gives rank() and
+// blocks(), sync() (the barrier a step ends with) and, over `buffers` h buffers of (B, S):
+// start(h) (h_{k_begin-1} into buffer 0, before the first sync), buffer(i) (to read) and
+// publish(i, at, value) (element `at` of buffer i, for every block).
+//
+// The cluster path: the blocks of one cluster, each holding the whole h in its shared memory after
+// W_h's rows; a block writes its units' h into every peer's buffer (distributed shared memory).
+template <typename scalar_t>
+struct ClusterTeam {
+  scalar_t* h_s;  // two (B, S) buffers in this block's shared memory
+  int64_t count;  // B * S
+  __device__ __forceinline__ unsigned rank() const { return rt::cluster_rank(); }
+  __device__ __forceinline__ unsigned blocks() const { return rt::cluster_blocks(); }
+  __device__ __forceinline__ void sync() const { rt::cluster_sync(); }
+  __device__ __forceinline__ void start(const scalar_t* h, Units) const {
+    for (int64_t i = threadIdx.x; i < count; i += blockDim.x) {
+      h_s[i] = h[i];
+    }
+  }
+  __device__ __forceinline__ const scalar_t* buffer(int i) const { return h_s + i * count; }
+  __device__ __forceinline__ void publish(int i, int64_t at, scalar_t value) const {
+    for (unsigned peer = 0; peer < blocks(); ++peer) {
+      rt::map_shared_rank(h_s + i * count, peer)[at] = value;
+    }
+  }
+};
+
+// The grid path: every block of a cooperative launch, h in two (B, S) buffers in global memory
+// (L2), each block writing its own units once; the grid barrier ends a step.
+template <typename scalar_t>
+struct GridTeam {
+  scalar_t* exchange;  // two (B, S) buffers in global memory
+  int64_t count, state_size;
+  __device__ __forceinline__ unsigned rank() const { return blockIdx.x; }
+  __device__ __forceinline__ unsigned blocks() const { return gridDim.x; }
+  __device__ __forceinline__ void sync() const { rt::grid_sync(); }
+  __device__ __forceinline__ void start(const scalar_t* h, Units units) const {
+    for (int64_t e = threadIdx.x; e < count / state_size * units.count; e += blockDim.x) {
+      const int64_t at = e / units.count * state_size + units.first + e % units.count;
+      exchange[at] = h[at];
+    }
+  }
+  __device__ __forceinline__ const scalar_t* buffer(int i) const { return exchange + i * count; }
+  __device__ __forceinline__ void publish(int i, int64_t at, scalar_t value) const { exchange[i * count + at] = value; }
+};
+
+// The forward's time loop, steps k_begin..k_end-1, on either team: block `rank` computes its units
+// of every row each step from h_{t-1} and hands its slice of h_t to the others; one team barrier a
+// step.  h is double-buffered: a block writes the buffer the others read only the step after, and
+// the barrier orders the two.
+template <typename scalar_t, typename Team>
+__device__ __forceinline__ void forward_loop(const ForwardParams<scalar_t>& p, const Team& team) {
+  const Units units = units_of(p.state_size, team.rank(), team.blocks());
+  const BlockRows<scalar_t> w = load_w_h(p.weights, p.ld, p.state_size, units, team.blocks());
+  team.start(p.h, units);
+  // Every block's W_h and h in place, and every block started, before any block writes another's buffer.
+  team.sync();
+  const int64_t mine = p.batch * units.count;
+  for (int64_t k = p.k_begin; k < p.k_end; ++k) {
+    const int64_t t = p.reverse ? p.steps - 1 - k : k;
+    const int current = int((k - p.k_begin) & 1);
+    const int next = 1 - current;  // double-buffered: others may still read `current` this step
     for (int64_t e = threadIdx.x; e < mine; e += blockDim.x) {
       const int64_t b = e / units.count, u = e % units.count, j = units.first + u;
-      scalar_t* const g = gates + ((t - first_step) * batch + b) * 3 * S;
-      opmath_t pre_i = opmath_t(g[j]), pre_o = opmath_t(g[S + j]), pre_z = opmath_t(g[2 * S + j]);
-      const scalar_t* const row = h_now + b * S;
-      const scalar_t* const w_i = w_s + u * w_ld;
-      const scalar_t* const w_o = w_s + (n_max + u) * w_ld;
-      const scalar_t* const w_z = w_s + (2 * n_max + u) * w_ld;
-      for (int64_t c = 0; c < S; ++c) {
-        const opmath_t hc = opmath_t(row[c]);
-        pre_i += hc * opmath_t(w_i[c]);
-        pre_o += hc * opmath_t(w_o[c]);
-        pre_z += hc * opmath_t(w_z[c]);
-      }
-      if (store_gates) {  // the saved pre-activation gates, as the per-step path's GEMM leaves them
-        g[j] = scalar_t(pre_i);
-        g[S + j] = scalar_t(pre_o);
-        g[2 * S + j] = scalar_t(pre_z);
-      }
-      const int64_t at = b * S + j;
-      scalar_t new_h = row[j], out = scalar_t(0), tanh_c = scalar_t(0);  // a row past its length keeps its state
-      if (takes_part(lengths, b, t)) {
-        const auto result = cell_forward<opmath_t>(pre_i, pre_o, pre_z, cell[at]);
-        cell[at] = result.cell;
-        new_h = out = scalar_t(result.h);
-        tanh_c = scalar_t(result.tanh_cell);
-      }
-      output[t * BS + at] = out;
-      if (tanh_cell != nullptr) {
-        tanh_cell[t * BS + at] = tanh_c;
-      }
-      for (unsigned peer = 0; peer < blocks; ++peer) {
-        rt::map_shared_rank(h_next, peer)[at] = new_h;
-      }
-      if (k == k_end - 1) {
-        h[at] = new_h;
-      }
+      const scalar_t new_h =
+          forward_unit(p, w, team.buffer(current) + b * p.state_size, b, u, j, t, k == p.k_end - 1);
+      team.publish(next, b * p.state_size + j, new_h);
     }
-    // h_t complete in every block before any reads it; and no block leaves while peers write to it.
-    rt::cluster_sync();
+    // h_t complete in every block before any reads it; and no block leaves while others write to it.
+    team.sync();
   }
 }
 
 template <typename scalar_t>
-__global__ void persistent_backward_kernel(
-    const scalar_t* __restrict__ weights, int64_t ld, const scalar_t* __restrict__ grad_output,
-    const scalar_t* __restrict__ gates, const scalar_t* __restrict__ tanh_cell, opmath_type<scalar_t>* __restrict__ grad_h,
-    opmath_type<scalar_t>* __restrict__ grad_cell, scalar_t* __restrict__ d_gates, const int64_t* __restrict__ lengths,
-    int64_t steps, bool reverse, int64_t batch, int64_t state_size) {
+__global__ void persistent_forward_kernel(ForwardParams<scalar_t> p) {
+  const int64_t S = p.state_size;
+  auto* const h_s = rt::dynamic_shared<scalar_t>() + w_bytes(S, rt::cluster_blocks(), sizeof(scalar_t)) / int64_t(sizeof(scalar_t));
+  forward_loop(p, ClusterTeam<scalar_t>{h_s, p.batch * S});
+}
+
+template <typename scalar_t>
+__global__ void grid_forward_kernel(ForwardParams<scalar_t> p, scalar_t* exchange) {
+  forward_loop(p, GridTeam<scalar_t>{exchange, p.batch * p.state_size, p.state_size});
+}
+
+// What a backward launch works on, on either path (see PersistentBackward).
+template <typename scalar_t>
+struct BackwardParams {
+  const scalar_t* weights;
+  int64_t ld;
+  const scalar_t* grad_output;
+  const scalar_t* gates;
+  const scalar_t* tanh_cell;
+  opmath_type<scalar_t>* grad_h;
+  opmath_type<scalar_t>* grad_cell;
+  scalar_t* d_gates;
+  const int64_t* lengths;
+  int64_t steps;
+  bool reverse;
+  int64_t batch, state_size;
+};
+
+// Unit j of row b at step t, backward: the unit's d_gates (written out, and returned rounded to
+// scalar_t, as the per-step path's GEMM reads them) and the cell's gradient; grad_h holds the
+// gradient of h_t from the steps after t.
+template <typename scalar_t>
+struct UnitGrads {
+  scalar_t d[3];
+};
+
+template <typename scalar_t>
+__device__ __forceinline__ UnitGrads<scalar_t> backward_unit(const BackwardParams<scalar_t>& p, int64_t b, int64_t j,
+                                                            int64_t t) {
   using opmath_t = opmath_type<scalar_t>;
-  const unsigned rank = rt::cluster_rank(), blocks = rt::cluster_blocks();
-  const Units units = units_of(state_size, rank, blocks);
-  const int64_t n_max = max_units(state_size, blocks), S = state_size, BS = batch * state_size;
-  scalar_t* const w_s = rt::dynamic_shared<scalar_t>();
-  const int64_t w_ld = w_row_stride(S, sizeof(scalar_t));
-  auto* const bytes = reinterpret_cast<unsigned char*>(w_s) + w_bytes(S, blocks, sizeof(scalar_t));
+  const int64_t S = p.state_size, BS = p.batch * S, at = b * S + j;
+  const scalar_t* const g = p.gates + (t * p.batch + b) * 3 * S;
+  UnitGrads<scalar_t> out{{scalar_t(0), scalar_t(0), scalar_t(0)}};
+  if (takes_part(p.lengths, b, t)) {
+    const opmath_t grad_h_t = p.grad_h[at] + opmath_t(p.grad_output[t * BS + at]);
+    const auto grad = cell_backward<opmath_t>(opmath_t(g[j]), opmath_t(g[S + j]), opmath_t(g[2 * S + j]),
+                                              opmath_t(p.tanh_cell[t * BS + at]), grad_h_t, p.grad_cell[at]);
+    p.grad_cell[at] = grad.d_old_cell;
+    out.d[0] = scalar_t(grad.d_i);
+    out.d[1] = scalar_t(grad.d_o);
+    out.d[2] = scalar_t(grad.d_z);
+  }
+  for (int gate = 0; gate < 3; ++gate) {
+    p.d_gates[(t * p.batch + b) * 3 * S + gate * S + j] = out.d[gate];
+  }
+  return out;
+}
+
+// The step the backward's k-th iteration runs: the forward's steps, last first.
+__device__ __forceinline__ int64_t backward_step(int64_t steps, bool reverse, int64_t k) {
+  return reverse ? k : steps - 1 - k;
+}
+
+// The cluster's backward: each block computes its units' d_gates, then its partial d_h = d_gates
+// W_h over its own rows (all S columns); after the cluster barrier each block sums the partials
+// for its units over the ranks in order 0..C-1, so the result does not depend on timing; the
+// partials are double-buffered as h is.
+template <typename scalar_t>
+__global__ void persistent_backward_kernel(BackwardParams<scalar_t> p) {
+  using opmath_t = opmath_type<scalar_t>;
+  const unsigned blocks = rt::cluster_blocks();
+  const int64_t S = p.state_size, BS = p.batch * S;
+  const Units units = units_of(S, rt::cluster_rank(), blocks);
+  const BlockRows<scalar_t> w = load_w_h(p.weights, p.ld, S, units, blocks);
+  auto* const bytes = reinterpret_cast<unsigned char*>(rt::dynamic_shared<scalar_t>()) + w_bytes(S, blocks, sizeof(scalar_t));
   float* const dg_s = reinterpret_cast<float*>(bytes);  // (B, 3, n_max): this block's d_gates of the step
-  float* const partial_s = reinterpret_cast<float*>(bytes + align16(batch * 3 * n_max * 4));  // 2 x (B, S)
-  load_w_h(w_s, weights, ld, S, units, n_max);
+  float* const partial_s = reinterpret_cast<float*>(bytes + align16(p.batch * 3 * w.n_max * 4));  // 2 x (B, S)
   rt::cluster_sync();
-  const int64_t mine = batch * units.count;
-  for (int64_t k = 0; k < steps; ++k) {
-    const int64_t t = reverse ? k : steps - 1 - k;  // the forward's steps, last first
+  const int64_t mine = p.batch * units.count;
+  for (int64_t k = 0; k < p.steps; ++k) {
+    const int64_t t = backward_step(p.steps, p.reverse, k);
     float* const partial = partial_s + (k & 1) * BS;  // double-buffered: peers may still sum the other
     for (int64_t e = threadIdx.x; e < mine; e += blockDim.x) {
-      const int64_t b = e / units.count, u = e % units.count, j = units.first + u, at = b * S + j;
-      const scalar_t* const g = gates + (t * batch + b) * 3 * S;
-      scalar_t d[3] = {scalar_t(0), scalar_t(0), scalar_t(0)};
-      if (takes_part(lengths, b, t)) {
-        const opmath_t grad_h_t = grad_h[at] + opmath_t(grad_output[t * BS + at]);
-        const auto grad = cell_backward<opmath_t>(opmath_t(g[j]), opmath_t(g[S + j]), opmath_t(g[2 * S + j]),
-                                                  opmath_t(tanh_cell[t * BS + at]), grad_h_t, grad_cell[at]);
-        grad_cell[at] = grad.d_old_cell;
-        d[0] = scalar_t(grad.d_i);
-        d[1] = scalar_t(grad.d_o);
-        d[2] = scalar_t(grad.d_z);
-      }
+      const int64_t b = e / units.count, u = e % units.count;
+      const UnitGrads<scalar_t> grads = backward_unit(p, b, units.first + u, t);
       for (int gate = 0; gate < 3; ++gate) {
-        d_gates[(t * batch + b) * 3 * S + gate * S + j] = d[gate];
-        dg_s[(b * 3 + gate) * n_max + u] = float(d[gate]);  // rounded, as the per-step path's GEMM reads it
+        dg_s[(b * 3 + gate) * w.n_max + u] = float(grads.d[gate]);
       }
     }
     rt::sync_threads();  // every unit's d_gates in dg_s before the partial product reads them
@@ -195,7 +328,7 @@ __global__ void persistent_backward_kernel(
       float sum = 0.f;
       for (int gate = 0; gate < 3; ++gate) {
         for (int64_t u = 0; u < units.count; ++u) {
-          sum += dg_s[(b * 3 + gate) * n_max + u] * float(w_s[(gate * n_max + u) * w_ld + c]);
+          sum += dg_s[(b * 3 + gate) * w.n_max + u] * float(w.row(gate, u)[c]);
         }
       }
       partial[o] = sum;
@@ -204,20 +337,51 @@ __global__ void persistent_backward_kernel(
     for (int64_t e = threadIdx.x; e < mine; e += blockDim.x) {
       const int64_t b = e / units.count, j = units.first + e % units.count, at = b * S + j;
       // A row past its length keeps its gradient (its d_gates are zero); rank order fixes the sum.
-      opmath_t sum = takes_part(lengths, b, t) ? opmath_t(0) : grad_h[at];
+      opmath_t sum = takes_part(p.lengths, b, t) ? opmath_t(0) : p.grad_h[at];
       for (unsigned peer = 0; peer < blocks; ++peer) {
         sum += opmath_t(rt::map_shared_rank(partial, peer)[at]);
       }
-      grad_h[at] = sum;
+      p.grad_h[at] = sum;
     }
   }
   rt::cluster_sync();  // no block leaves while a peer still sums its last partial
+}
+
+// The grid's backward: each block computes its units' d_gates into d_gates (global memory); after
+// the grid barrier it finishes d_h of its own units, d_h[b, j] = sum over the 3S rows r of
+// d_gates[t, b, r] W_h[r, j] (its units' columns of W_h, read from global memory), in the order
+// of r: deterministic.  A thread finishes the very elements it starts the next step with, so the
+// grid barrier is the step's only one.
+template <typename scalar_t>
+__global__ void grid_backward_kernel(BackwardParams<scalar_t> p) {
+  using opmath_t = opmath_type<scalar_t>;
+  const int64_t S = p.state_size;
+  const Units units = units_of(S, blockIdx.x, gridDim.x);
+  const int64_t mine = p.batch * units.count;
+  for (int64_t k = 0; k < p.steps; ++k) {
+    const int64_t t = backward_step(p.steps, p.reverse, k);
+    for (int64_t e = threadIdx.x; e < mine; e += blockDim.x) {
+      backward_unit(p, e / units.count, units.first + e % units.count, t);
+    }
+    rt::grid_sync();  // every unit's d_gates of step t written before any block reads them
+    for (int64_t e = threadIdx.x; e < mine; e += blockDim.x) {
+      const int64_t b = e / units.count, j = units.first + e % units.count, at = b * S + j;
+      const scalar_t* const d = p.d_gates + (t * p.batch + b) * 3 * S;
+      // A row past its length keeps its gradient (its d_gates are zero).
+      opmath_t sum = takes_part(p.lengths, b, t) ? opmath_t(0) : p.grad_h[at];
+      for (int64_t r = 0; r < 3 * S; ++r) {
+        sum += opmath_t(d[r]) * opmath_t(p.weights[r * p.ld + j]);
+      }
+      p.grad_h[at] = sum;
+    }
+  }
 }
 
 // The device's answers plan_sequence needs, asked once per device.
 struct DeviceLimits {
   bool clusters;
   int64_t shared_per_block;
+  int64_t multiprocessors;
 };
 
 DeviceLimits device_limits(int device) {
@@ -226,7 +390,8 @@ DeviceLimits device_limits(int device) {
   const std::lock_guard<std::mutex> lock(mutex);
   auto found = known.find(device);
   if (found == known.end()) {
-    found = known.emplace(device, DeviceLimits{rt::launches_clusters(device), int64_t(rt::shared_per_block(device))}).first;
+    found = known.emplace(device, DeviceLimits{rt::launches_clusters(device), int64_t(rt::shared_per_block(device)),
+                                               int64_t(rt::multiprocessor_count(device))}).first;
   }
   return found->second;
 }
@@ -250,13 +415,73 @@ void dispatch_persistent(ScalarType dtype, F&& f) {
   }
 }
 
+// How many blocks of both grid kernels (the forward's with `forward_bytes` of shared memory) the
+// device holds at once, asked once per device, dtype and size.
+int64_t grid_capacity(int device, ScalarType dtype, int64_t forward_bytes) {
+  static std::mutex mutex;
+  static std::map<std::tuple<int, int, int64_t>, int64_t> known;
+  const std::lock_guard<std::mutex> lock(mutex);
+  const auto key = std::make_tuple(device, int(dtype), forward_bytes);
+  auto found = known.find(key);
+  if (found == known.end()) {
+    int64_t blocks = 0;
+    dispatch_persistent(dtype, [&](auto zero) {
+      using scalar_t = decltype(zero);
+      const int threads = rt::threads_per_block();
+      blocks = std::min(rt::cooperative_blocks(grid_forward_kernel<scalar_t>, threads, size_t(forward_bytes), device),
+                        rt::cooperative_blocks(grid_backward_kernel<scalar_t>, threads, 0, device));
+    });
+    found = known.emplace(key, blocks).first;
+  }
+  return found->second;
+}
+
+// The grid path: one block a multiprocessor (no more blocks than hidden units), each keeping its
+// units' rows of W_h in shared memory; all blocks resident at once, or the launch is refused.
+SequencePlan plan_grid(int device, ScalarType dtype, int64_t batch, int64_t state_size, const DeviceLimits& limits) {
+  std::ostringstream described;
+  described << "at batch " << batch << ", state size " << state_size << ", " << dtype;
+  const std::string shape = described.str();
+  auto refuse = [&](const std::string& reason) {
+    STD_TORCH_CHECK(false, "lltm-cuda: LLTM_CUDA_SEQUENCE=grid, but the grid-persistent path cannot run ", shape, ": ",
+                    reason, "; unset LLTM_CUDA_SEQUENCE for the default path");
+  };
+  SequencePlan plan;
+  if (dtype != ScalarType::Float && dtype != ScalarType::BFloat16 && dtype != ScalarType::Half) {
+    refuse("it takes float32, bfloat16 and float16 (float64 runs per step)");
+  }
+  if (batch == 0) {
+    plan.why = "per-step: an empty batch, nothing to run";
+    return plan;
+  }
+  const int64_t blocks = std::min(state_size, limits.multiprocessors);
+  const int64_t bytes = w_bytes(state_size, blocks, element_size(dtype));
+  if (bytes > limits.shared_per_block) {
+    refuse("a block's rows of W_h need " + std::to_string(bytes) + " bytes of shared memory over " +
+           std::to_string(blocks) + " blocks, over the device's " + std::to_string(limits.shared_per_block));
+  }
+  const int64_t capacity = grid_capacity(device, dtype, bytes);
+  if (capacity < blocks) {
+    refuse("its cooperative launch of " + std::to_string(blocks) + " blocks of " +
+           std::to_string(rt::threads_per_block()) + " threads must be resident at once, and the device holds " +
+           std::to_string(capacity) + " of them");
+  }
+  plan.persistent = plan.grid = true;
+  plan.blocks = blocks;
+  plan.why = "grid: one cooperative launch for the time loop over " + std::to_string(blocks) +
+             " blocks, each with its rows of W_h in shared memory (" + std::to_string(bytes) +
+             " bytes), h exchanged through global memory with one grid barrier a step (LLTM_CUDA_SEQUENCE=grid)";
+  return plan;
+}
+
 }  // namespace
 
 SequencePlan plan_sequence(int device, ScalarType dtype, int64_t batch, int64_t state_size) {
   const char* forced_text = std::getenv("LLTM_CUDA_SEQUENCE");
   const std::string forced = forced_text ? forced_text : "";
-  STD_TORCH_CHECK(forced.empty() || forced == "auto" || forced == "persistent" || forced == "per-step",
-                  "LLTM_CUDA_SEQUENCE=", forced, ": expected persistent, per-step or auto");
+  STD_TORCH_CHECK(forced.empty() || forced == "auto" || forced == "persistent" || forced == "per-step" ||
+                      forced == "grid",
+                  "LLTM_CUDA_SEQUENCE=", forced, ": expected persistent, grid, per-step or auto");
   const char* cluster_text = std::getenv("LLTM_CUDA_CLUSTER");
   const std::string cluster_forced = cluster_text ? cluster_text : "";
   int forced_cluster = 0;
@@ -269,6 +494,9 @@ SequencePlan plan_sequence(int device, ScalarType dtype, int64_t batch, int64_t 
   if (forced == "per-step") {
     plan.why = "per-step: LLTM_CUDA_SEQUENCE=per-step";
     return plan;
+  }
+  if (forced == "grid") {
+    return plan_grid(device, dtype, batch, state_size, device_limits(device));
   }
   const bool must = forced == "persistent";
   // A reason the persistent kernel does not run: an error when it was asked for, else the per-step path.
@@ -302,8 +530,13 @@ SequencePlan plan_sequence(int device, ScalarType dtype, int64_t batch, int64_t 
   }
   const int64_t bytes = shared_bytes(dtype, batch, state_size, cluster);
   if (bytes > limits.shared_per_block) {
+    // The grid-persistent path (LLTM_CUDA_SEQUENCE=grid) also runs such shapes in one launch; it
+    // becomes the default only where a GPU measures it faster (benchmarks/persistent_vs_cudnn.py).
     return decline("W_h's rows and the state need " + std::to_string(bytes) + " bytes of shared memory a block over a cluster of " +
-                   std::to_string(cluster) + ", over the device's " + std::to_string(limits.shared_per_block));
+                   std::to_string(cluster) + ", over the device's " + std::to_string(limits.shared_per_block) +
+                   (must ? std::string()
+                         : "; the grid-persistent path (LLTM_CUDA_SEQUENCE=grid) runs it in one launch too, and "
+                           "measurement decides whether it becomes the default (benchmarks/persistent_vs_cudnn.py)"));
   }
   plan.persistent = true;
   plan.cluster = cluster;
@@ -315,40 +548,58 @@ SequencePlan plan_sequence(int device, ScalarType dtype, int64_t batch, int64_t 
 
 void persistent_forward(const SequencePlan& plan, const PersistentForward& a) {
   const int64_t B = a.h.size(0), S = a.h.size(1);
+  const rt::Stream stream = rt::current_stream(a.gates.get_device_index());
   dispatch_persistent(a.gates.scalar_type(), [&](auto zero) {
     using scalar_t = decltype(zero);
-    using opmath_t = opmath_type<scalar_t>;
-    const size_t bytes = size_t(forward_shared_bytes(sizeof(scalar_t), B, S, plan.cluster));
-    rt::launch(persistent_forward_kernel<scalar_t>,
-               rt::ClusterLaunch{"persistent_forward_kernel", plan.cluster, rt::threads_per_block(), plan.cluster, bytes},
-               rt::current_stream(a.gates.get_device_index()), a.weights.const_data_ptr<scalar_t>(), a.weights.stride(0),
-               a.gates.mutable_data_ptr<scalar_t>(), a.h.mutable_data_ptr<scalar_t>(), a.cell.mutable_data_ptr<opmath_t>(),
-               a.output.mutable_data_ptr<scalar_t>(),
-               a.tanh_cell.has_value() ? a.tanh_cell->mutable_data_ptr<scalar_t>() : nullptr, lengths_ptr(a.lengths),
-               a.steps, a.k_begin, a.k_end, a.first_step, a.reverse, a.store_gates, B, S);
+    const ForwardParams<scalar_t> p{a.weights.const_data_ptr<scalar_t>(), a.weights.stride(0),
+                                    a.gates.mutable_data_ptr<scalar_t>(), a.h.mutable_data_ptr<scalar_t>(),
+                                    a.cell.mutable_data_ptr<opmath_type<scalar_t>>(), a.output.mutable_data_ptr<scalar_t>(),
+                                    a.tanh_cell.has_value() ? a.tanh_cell->mutable_data_ptr<scalar_t>() : nullptr,
+                                    lengths_ptr(a.lengths), a.steps, a.k_begin, a.k_end, a.first_step, a.reverse,
+                                    a.store_gates, B, S};
+    if (plan.grid) {
+      const Tensor exchange = ops::empty({2, B, S}, a.h.scalar_type(), a.h);  // h's two buffers
+      const size_t bytes = size_t(w_bytes(S, plan.blocks, sizeof(scalar_t)));
+      rt::launch(grid_forward_kernel<scalar_t>,
+                 rt::ClusterLaunch{"grid_forward_kernel", plan.blocks, rt::threads_per_block(), 1, bytes, true}, stream,
+                 p, exchange.mutable_data_ptr<scalar_t>());
+    } else {
+      const size_t bytes = size_t(forward_shared_bytes(sizeof(scalar_t), B, S, plan.cluster));
+      rt::launch(persistent_forward_kernel<scalar_t>,
+                 rt::ClusterLaunch{"persistent_forward_kernel", plan.cluster, rt::threads_per_block(), plan.cluster, bytes},
+                 stream, p);
+    }
   });
 }
 
 void persistent_backward(const SequencePlan& plan, const PersistentBackward& a) {
   const int64_t T = a.gates.size(0), B = a.gates.size(1), S = a.grad_h.size(1);
+  const rt::Stream stream = rt::current_stream(a.gates.get_device_index());
   dispatch_persistent(a.gates.scalar_type(), [&](auto zero) {
     using scalar_t = decltype(zero);
     using opmath_t = opmath_type<scalar_t>;
-    const size_t bytes = size_t(backward_shared_bytes(sizeof(scalar_t), B, S, plan.cluster));
-    rt::launch(persistent_backward_kernel<scalar_t>,
-               rt::ClusterLaunch{"persistent_backward_kernel", plan.cluster, rt::threads_per_block(), plan.cluster, bytes},
-               rt::current_stream(a.gates.get_device_index()), a.weights.const_data_ptr<scalar_t>(), a.weights.stride(0),
-               a.grad_output.const_data_ptr<scalar_t>(), a.gates.const_data_ptr<scalar_t>(),
-               a.tanh_cell.const_data_ptr<scalar_t>(), a.grad_h.mutable_data_ptr<opmath_t>(),
-               a.grad_cell.mutable_data_ptr<opmath_t>(), a.d_gates.mutable_data_ptr<scalar_t>(),
-               lengths_ptr(a.lengths), T, a.reverse, B, S);
+    const BackwardParams<scalar_t> p{a.weights.const_data_ptr<scalar_t>(), a.weights.stride(0),
+                                     a.grad_output.const_data_ptr<scalar_t>(), a.gates.const_data_ptr<scalar_t>(),
+                                     a.tanh_cell.const_data_ptr<scalar_t>(), a.grad_h.mutable_data_ptr<opmath_t>(),
+                                     a.grad_cell.mutable_data_ptr<opmath_t>(), a.d_gates.mutable_data_ptr<scalar_t>(),
+                                     lengths_ptr(a.lengths), T, a.reverse, B, S};
+    if (plan.grid) {
+      rt::launch(grid_backward_kernel<scalar_t>,
+                 rt::ClusterLaunch{"grid_backward_kernel", plan.blocks, rt::threads_per_block(), 1, 0, true}, stream, p);
+    } else {
+      const size_t bytes = size_t(backward_shared_bytes(sizeof(scalar_t), B, S, plan.cluster));
+      rt::launch(persistent_backward_kernel<scalar_t>,
+                 rt::ClusterLaunch{"persistent_backward_kernel", plan.cluster, rt::threads_per_block(), plan.cluster, bytes},
+                 stream, p);
+    }
   });
 }
 
 }  // namespace lltm_cuda
 
-// plan_sequence for Python (lltm_cuda.sequence_path, through ctypes): the blocks of the cluster, 0
-// for the per-step path, or -1 for an error; `why` gets the reason or the error's message.  A C
+// plan_sequence for Python (lltm_cuda.sequence_path, through ctypes): the blocks of the cluster or
+// of the cooperative grid, 0 for the per-step path, or -1 for an error; `why` gets the reason (it
+// starts with the path's name: "persistent:", "grid:" or "per-step:") or the error's message.  A C
 // function, not an operator: it answers a question about the library, it computes nothing.
 extern "C" __attribute__((visibility("default"))) int lltm_cuda_sequence_plan(int device, int dtype, int64_t batch,
                                                                               int64_t state_size, char* why,
@@ -358,7 +609,7 @@ extern "C" __attribute__((visibility("default"))) int lltm_cuda_sequence_plan(in
   try {
     const lltm_cuda::SequencePlan plan =
         lltm_cuda::plan_sequence(device, static_cast<lltm_cuda::ScalarType>(dtype), batch, state_size);
-    cluster = plan.persistent ? plan.cluster : 0;
+    cluster = plan.grid ? int(plan.blocks) : plan.persistent ? plan.cluster : 0;
     text = plan.why;
   } catch (const std::exception& error) {
     text = error.what();

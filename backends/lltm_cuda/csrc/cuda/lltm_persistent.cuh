@@ -1,5 +1,6 @@
-// The persistent sequence path (lltm_persistent.cu): the whole time loop in one launch, W_h kept on
-// chip across a thread-block cluster.  lltm_sequence.cu asks plan_sequence() which path a call
+// The persistent sequence paths (lltm_persistent.cu): the whole time loop in one launch, W_h kept on
+// chip across a thread-block cluster, or (the grid path) spread over every multiprocessor of a
+// cooperative launch.  lltm_sequence.cu asks plan_sequence() which path a call
 // takes and runs the persistent kernels through these functions.
 #pragma once
 
@@ -12,13 +13,15 @@ namespace lltm_cuda {
 
 // Which path a sequence call takes, and why (lltm_cuda.sequence_path and the docs show it).
 struct SequencePlan {
-  bool persistent = false;
-  int cluster = 1;  // blocks of the cluster that splits the hidden units
+  bool persistent = false;  // one launch for the time loop: the cluster's kernels, or the grid's
+  bool grid = false;        // the grid's: a cooperative launch of `blocks` blocks
+  int cluster = 1;          // blocks of the cluster that splits the hidden units
+  int64_t blocks = 1;       // blocks of the cooperative grid that splits them
   std::string why;
 };
 
-// LLTM_CUDA_SEQUENCE (persistent | per-step | auto) and LLTM_CUDA_CLUSTER (1, 2, 4, 8, 16 or 0 for
-// the default) force a choice; a forced persistent path that cannot run is an error, never a fallback.
+// LLTM_CUDA_SEQUENCE (persistent | grid | per-step | auto) and LLTM_CUDA_CLUSTER (1, 2, 4, 8, 16 or 0
+// for the default) force a choice; a forced path that cannot run is an error, never a fallback.
 SequencePlan plan_sequence(int device, ScalarType dtype, int64_t batch, int64_t state_size);
 
 // Steps k_begin..k_end-1 of the forward (step t = k, or T-1-k reversed) in one launch.  `gates`

@@ -2,12 +2,13 @@
 // a GPU) and the emulated one (the same .cu files compiled as C++ for the CPU, with
 // LLTM_CUDA_EMULATE defined): the kernel launch, the few runtime queries, the stream, the device
 // guard, the device check, the two GEMMs, and the device functions a kernel uses to cooperate
-// (barriers, shared memory, warp shuffles and votes, atomics, the cluster).  Nothing else in csrc/
+// (barriers, shared memory, warp shuffles and votes, atomics, the cluster, the cooperative grid).  Nothing else in csrc/
 // may name a CUDA runtime call, <<<>>>, __syncthreads, __shared__ or a cooperative group: a kernel
 // reaches them only through rt:: below, so the emulation runs exactly what a GPU runs.
 //
 // The emulation (csrc/emulation/lltm_emulator.h) runs every thread of a launch as a fiber that
-// switches out at each barrier, a cluster of blocks at a time, with blockIdx, threadIdx, blockDim
+// switches out at each barrier, a cluster of blocks at a time (a cooperative launch's whole grid at
+// once), with blockIdx, threadIdx, blockDim
 // and gridDim set for each; the order in which ready threads resume is settable, so any dependence
 // between threads that no barrier orders (a race on a GPU) changes a result.
 // Its knobs, read once per process (see emulation_settings()):
@@ -133,14 +134,30 @@ inline size_t shared_per_block(int device) {
   return size_t(bytes);
 }
 
-// A launch of clusters of `cluster` blocks with `shared_bytes` of dynamic shared memory a block.
+// A launch of clusters of `cluster` blocks with `shared_bytes` of dynamic shared memory a block;
+// cooperative: every block resident at once, so that the kernel may wait at the grid barrier
+// (the caller checks first that the grid fits: cooperative_blocks).
 struct ClusterLaunch {
   const char* name;  // the kernel's, for errors
   int64_t blocks;
   int threads;
   int cluster;
   size_t shared_bytes;
+  bool cooperative = false;
 };
+
+// How many blocks of `threads` threads and `shared_bytes` of dynamic shared memory of `kernel` the
+// whole device holds at once: the most a cooperative launch of it may have.
+template <typename... Params>
+int64_t cooperative_blocks(void (*kernel)(Params...), int threads, size_t shared_bytes, int device) {
+  // The occupancy counts a kernel's dynamic shared memory only up to what it opted in to.
+  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(shared_bytes)),
+             "cudaFuncSetAttribute");
+  int blocks = 0;
+  check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, threads, shared_bytes),
+             "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
+  return int64_t(blocks) * multiprocessor_count(device);
+}
 
 template <typename... Params, typename... Args>
 void launch(void (*kernel)(Params...), const ClusterLaunch& shape, Stream stream, Args&&... args) {
@@ -155,14 +172,19 @@ void launch(void (*kernel)(Params...), const ClusterLaunch& shape, Stream stream
   config.blockDim = dim3(unsigned(shape.threads));
   config.dynamicSmemBytes = shape.shared_bytes;
   config.stream = stream;
-  cudaLaunchAttribute attribute[1];
+  cudaLaunchAttribute attribute[2];
+  config.attrs = attribute;
   if (shape.cluster > 1) {
-    attribute[0].id = cudaLaunchAttributeClusterDimension;
-    attribute[0].val.clusterDim.x = unsigned(shape.cluster);
-    attribute[0].val.clusterDim.y = 1;
-    attribute[0].val.clusterDim.z = 1;
-    config.attrs = attribute;
-    config.numAttrs = 1;
+    attribute[config.numAttrs].id = cudaLaunchAttributeClusterDimension;
+    attribute[config.numAttrs].val.clusterDim.x = unsigned(shape.cluster);
+    attribute[config.numAttrs].val.clusterDim.y = 1;
+    attribute[config.numAttrs].val.clusterDim.z = 1;
+    ++config.numAttrs;
+  }
+  if (shape.cooperative) {
+    attribute[config.numAttrs].id = cudaLaunchAttributeCooperative;
+    attribute[config.numAttrs].val.cooperative = 1;
+    ++config.numAttrs;
   }
   check_cuda(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...), shape.name);
 }
@@ -191,6 +213,10 @@ __device__ __forceinline__ T atomic_add(T* address, T value) { return atomicAdd(
 
 // The cluster: on sm_90 the hardware's; compiled for an older GPU a kernel runs as a cluster of one
 // (the host launches it so there), so the same source compiles for sm_80.
+// The grid barrier of a cooperative launch: every thread of every block arrives before any leaves,
+// and what each wrote to global memory before it is visible to all after it.
+__device__ __forceinline__ void grid_sync() { cooperative_groups::this_grid().sync(); }
+
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 __device__ __forceinline__ unsigned cluster_rank() { return cooperative_groups::this_cluster().block_rank(); }
 __device__ __forceinline__ unsigned cluster_blocks() { return cooperative_groups::this_cluster().num_blocks(); }
@@ -349,7 +375,16 @@ struct ClusterLaunch {
   int threads;
   int cluster;
   size_t shared_bytes;
+  bool cooperative = false;
 };
+
+// Every multiprocessor holds the settings' blocks of any kernel, if its shared memory fits a block.
+template <typename... Params>
+int64_t cooperative_blocks(void (*)(Params...), int /*threads*/, size_t shared_bytes, int /*device*/) {
+  const Settings& s = emulation_settings();
+  ++counters().occupancy_queries;
+  return shared_bytes > s.shared_per_block ? 0 : int64_t(s.multiprocessors) * s.blocks_per_multiprocessor;
+}
 
 // Every launch: the grid run by the emulator's scheduler, a new thread order each launch (the same
 // sequence of orders for a seed).
@@ -362,11 +397,16 @@ void launch(void (*kernel)(Params...), const ClusterLaunch& shape, Stream, Args&
                   " blocks of ", shape.threads, " threads in clusters of ", shape.cluster);
   STD_TORCH_CHECK(shape.cluster == 1 || s.clusters, "lltm-cuda (emulated): kernel ", shape.name,
                   " launched in clusters of ", shape.cluster, " on a device without clusters (LLTM_CUDA_EMULATE_CLUSTERS=0)");
+  // A GPU refuses a cooperative launch larger than what it holds at once (too large a cooperative launch).
+  STD_TORCH_CHECK(!shape.cooperative || shape.blocks <= int64_t(s.multiprocessors) * s.blocks_per_multiprocessor,
+                  "lltm-cuda (emulated): cooperative launch of ", shape.name, " with ", shape.blocks,
+                  " blocks, more than the ", int64_t(s.multiprocessors) * s.blocks_per_multiprocessor,
+                  " the device holds at once");
   const uint64_t seed = s.seed * 0x9E3779B97F4A7C15ull + uint64_t(counters().launches.load());
   ++counters().launches;
   auto body = [&] { kernel(args...); };
   emu::run_grid(shape.name, body, unsigned(shape.blocks), unsigned(shape.threads), unsigned(shape.cluster),
-                shape.shared_bytes, s.shared_per_block, s.order, seed);
+                shape.cooperative, shape.shared_bytes, s.shared_per_block, s.order, seed);
   counters().threads_run += shape.blocks * shape.threads;
 }
 
@@ -378,6 +418,7 @@ void launch(void (*kernel)(Params...), int64_t blocks, int threads, Stream strea
 // ---- Device functions (see the real build's above) ---------------------------------------------
 inline void sync_threads() { emu::arrive(emu::Wait::kBlock); }
 inline void cluster_sync() { emu::arrive(emu::Wait::kCluster); }
+inline void grid_sync() { emu::grid_sync(); }
 inline unsigned cluster_rank() { return emu::cluster_rank(); }
 inline unsigned cluster_blocks() { return emu::cluster_blocks(); }
 

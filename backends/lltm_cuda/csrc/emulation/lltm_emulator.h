@@ -6,9 +6,11 @@
 //
 // Blocks run a cluster at a time (a launch without clusters is clusters of one block): all the
 // threads of a cluster's blocks are live together, so a cluster barrier and a peer block's shared
-// memory (distributed shared memory) work as written.  Shared memory, static and dynamic, is an
+// memory (distributed shared memory) work as written.  A cooperative launch runs all its blocks
+// together, so the grid barrier (cooperative groups' grid.sync()) works as written too.  Shared memory, static and dynamic, is an
 // arena per block filled with NaN bytes when the block starts, checked against the per-block limit.
-// A barrier that not every thread of its scope reaches is an error naming the kernel, not a hang;
+// A barrier that not every thread of its scope (warp, block, cluster, grid) reaches is an error
+// naming the kernel, not a hang;
 // an exception inside a fiber (a failed check) ends the launch and reaches the caller.
 //
 // Included by lltm_runtime.cuh under LLTM_CUDA_EMULATE only.
@@ -119,13 +121,14 @@ struct Stack {
 };
 
 // ---- One launch ----------------------------------------------------------------------------------
-enum class Wait { kNone, kWarp, kBlock, kCluster, kDone };
+enum class Wait { kNone, kWarp, kBlock, kCluster, kGrid, kDone };
 
 inline const char* describe(Wait w) {
   switch (w) {
     case Wait::kWarp: return "a warp shuffle/vote";
     case Wait::kBlock: return "__syncthreads";
     case Wait::kCluster: return "the cluster barrier";
+    case Wait::kGrid: return "the grid barrier";
     case Wait::kDone: return "exited";
     default: return "running";
   }
@@ -133,7 +136,7 @@ inline const char* describe(Wait w) {
 
 struct Fiber {
   Context context;
-  int block = 0;        // rank of its block in the cluster
+  int block = 0;        // its block among the blocks live together (the cluster's rank without a cooperative grid)
   unsigned thread = 0;  // threadIdx.x
   dim3 block_index;     // blockIdx
   Wait wait = Wait::kNone;
@@ -152,8 +155,10 @@ struct Launch {
   void (*body)(void*);
   void* closure;
   unsigned threads = 0, cluster = 1;
+  unsigned live = 1;         // blocks live together: a cluster, or a cooperative launch's whole grid
+  bool cooperative = false;  // a cooperative launch: the grid barrier is allowed
   size_t dynamic_bytes = 0, shared_limit = 0;
-  std::vector<Fiber> fibers;  // cluster * threads, block-major
+  std::vector<Fiber> fibers;  // live * threads, block-major
   std::vector<BlockState> blocks;
   Fiber* current = nullptr;
   Context scheduler;
@@ -244,10 +249,11 @@ inline void* map_shared_rank(const void* p, unsigned rank) {
                   ": map_shared_rank of an address outside the block's shared memory");
   STD_TORCH_CHECK(rank < L.cluster, "lltm-cuda (emulated): kernel ", L.name, ": map_shared_rank to rank ", rank,
                   " of a cluster of ", L.cluster);
-  return L.blocks[rank].shared + (byte - own);
+  const unsigned first = unsigned(L.current->block) / L.cluster * L.cluster;  // the cluster's rank 0
+  return L.blocks[first + rank].shared + (byte - own);
 }
 
-inline unsigned cluster_rank() { return unsigned(launch_state().current->block); }
+inline unsigned cluster_rank() { return unsigned(launch_state().current->block) % launch_state().cluster; }
 inline unsigned cluster_blocks() { return launch_state().cluster; }
 
 // A warp-wide exchange through the scratchpad: each lane posts `value`, all lanes of the warp meet,
@@ -270,9 +276,9 @@ uint64_t warp_exchange(uint64_t value, Read&& read) {
 inline std::string stuck(const Launch& L) {
   std::ostringstream out;
   out << "lltm-cuda (emulated): kernel " << L.name
-      << ": a barrier that not every thread of its block or cluster reaches (on a GPU, a hang or undefined "
+      << ": a barrier that not every thread of its block, cluster or grid reaches (on a GPU, a hang or undefined "
          "behaviour):";
-  for (unsigned b = 0; b < L.cluster; ++b) {
+  for (unsigned b = 0; b < L.live; ++b) {
     const Fiber& first = L.fibers[b * L.threads];
     out << " block " << first.block_index.x << ":";
     Wait last = Wait::kNone;
@@ -289,45 +295,54 @@ inline std::string stuck(const Launch& L) {
 }
 
 // Which waiting fibers a barrier releases now: all of a warp at a warp barrier, all of a block at
-// __syncthreads, all of the cluster at the cluster barrier.
+// __syncthreads, all of a cluster at the cluster barrier, all of a cooperative grid at its barrier.
 inline void release(Launch& L, std::vector<Fiber*>& ready) {
   const unsigned warps = (L.threads + kWarpSize - 1) / kWarpSize;
-  bool cluster_all = true;
-  for (unsigned b = 0; b < L.cluster; ++b) {
-    Fiber* block = &L.fibers[b * L.threads];
-    bool block_all = true;
+  const auto all_wait = [&](const Fiber* first, size_t count, Wait w) {
+    return std::all_of(first, first + count, [w](const Fiber& f) { return f.wait == w; });
+  };
+  const auto release_all = [&](Fiber* first, size_t count) {
+    for (size_t i = 0; i < count; ++i) {
+      ready.push_back(first + i);
+    }
+  };
+  for (unsigned c = 0; c < L.live; c += L.cluster) {
+    Fiber* cluster = &L.fibers[size_t(c) * L.threads];
+    if (all_wait(cluster, size_t(L.cluster) * L.threads, Wait::kCluster)) {
+      release_all(cluster, size_t(L.cluster) * L.threads);
+    }
+  }
+  for (unsigned b = 0; b < L.live; ++b) {
+    Fiber* block = &L.fibers[size_t(b) * L.threads];
+    if (all_wait(block, L.threads, Wait::kBlock)) {
+      release_all(block, L.threads);
+    }
     for (unsigned w = 0; w < warps; ++w) {
-      const unsigned first = w * kWarpSize, last = std::min(L.threads, first + kWarpSize);
-      bool warp_all = true;
-      for (unsigned t = first; t < last; ++t) {
-        warp_all &= block[t].wait == Wait::kWarp;
-        block_all &= block[t].wait == Wait::kBlock;
-        cluster_all &= block[t].wait == Wait::kCluster;
-      }
-      if (warp_all) {
-        for (unsigned t = first; t < last; ++t) {
-          ready.push_back(&block[t]);
-        }
-      }
-    }
-    if (block_all) {
-      for (unsigned t = 0; t < L.threads; ++t) {
-        ready.push_back(&block[t]);
+      const unsigned first = w * kWarpSize, lanes = std::min(L.threads, first + kWarpSize) - first;
+      if (all_wait(block + first, lanes, Wait::kWarp)) {
+        release_all(block + first, lanes);
       }
     }
   }
-  if (cluster_all) {
-    for (Fiber& f : L.fibers) {
-      ready.push_back(&f);
-    }
+  if (all_wait(L.fibers.data(), L.fibers.size(), Wait::kGrid)) {
+    release_all(L.fibers.data(), L.fibers.size());
   }
+}
+
+// The grid barrier: only a cooperative launch has all its blocks resident at once (on a GPU, a
+// grid.sync() elsewhere is undefined behaviour).
+inline void grid_sync() {
+  Launch& L = launch_state();
+  STD_TORCH_CHECK(L.cooperative, "lltm-cuda (emulated): kernel ", L.name,
+                  " waits at the grid barrier, but it was not launched cooperatively");
+  arrive(Wait::kGrid);
 }
 
 enum class Order { kForward, kReverse, kShuffle };
 
-// Runs the cluster of blocks `first_block`.. of L (fibers set up by the caller) until every thread
-// exits; ready fibers resume in `order` after every barrier.
-inline void run_cluster(Launch& L, Order order, std::mt19937_64& rng) {
+// Runs the blocks live together (fibers set up by the caller) until every thread exits; ready
+// fibers resume in `order` after every barrier.
+inline void run_live(Launch& L, Order order, std::mt19937_64& rng) {
   std::vector<Fiber*> ready;
   for (Fiber& f : L.fibers) {
     ready.push_back(&f);
@@ -357,10 +372,11 @@ inline void run_cluster(Launch& L, Order order, std::mt19937_64& rng) {
   }
 }
 
-// The whole grid: clusters one after another (in `order`), each cluster's threads together.
+// The whole grid: clusters one after another (in `order`), each cluster's threads together; or,
+// for a cooperative launch, every block's threads together.
 template <typename Body>
-void run_grid(const char* name, Body& body, unsigned blocks, unsigned threads, unsigned cluster, size_t dynamic_bytes,
-              size_t shared_limit, Order order, uint64_t seed) {
+void run_grid(const char* name, Body& body, unsigned blocks, unsigned threads, unsigned cluster, bool cooperative,
+              size_t dynamic_bytes, size_t shared_limit, Order order, uint64_t seed) {
   STD_TORCH_CHECK(blocks % cluster == 0, "lltm-cuda (emulated): kernel ", name, ": ", blocks,
                   " blocks are not a whole number of clusters of ", cluster);
   STD_TORCH_CHECK(align_up(dynamic_bytes, 16) <= shared_limit, "lltm-cuda (emulated): kernel ", name, " asks for ",
@@ -372,37 +388,40 @@ void run_grid(const char* name, Body& body, unsigned blocks, unsigned threads, u
   L.closure = &body;
   L.threads = threads;
   L.cluster = cluster;
+  L.live = cooperative ? blocks : cluster;
+  L.cooperative = cooperative;
   L.dynamic_bytes = dynamic_bytes;
   L.shared_limit = shared_limit;
-  L.fibers.resize(size_t(cluster) * threads);
-  L.blocks.resize(cluster);
+  const unsigned live = L.live;
+  L.fibers.resize(size_t(live) * threads);
+  L.blocks.resize(live);
   Pool& p = pool();
   while (p.stacks.size() < L.fibers.size()) {
     p.stacks.push_back(std::make_unique<Stack>());
   }
-  while (p.arenas.size() < cluster) {
+  while (p.arenas.size() < live) {
     p.arenas.emplace_back();
   }
-  for (unsigned b = 0; b < cluster; ++b) {
+  for (unsigned b = 0; b < live; ++b) {
     p.arenas[b].resize(std::max(p.arenas[b].size(), shared_limit));
     L.blocks[b].shared = p.arenas[b].data();
     L.blocks[b].scratch.assign(threads, 0);
   }
-  std::vector<unsigned> cluster_order(blocks / cluster);
-  std::iota(cluster_order.begin(), cluster_order.end(), 0u);
+  std::vector<unsigned> group_order(blocks / live);  // the groups of blocks live together
+  std::iota(group_order.begin(), group_order.end(), 0u);
   std::mt19937_64 rng(seed);
   if (order == Order::kReverse) {
-    std::reverse(cluster_order.begin(), cluster_order.end());
+    std::reverse(group_order.begin(), group_order.end());
   } else if (order == Order::kShuffle) {
-    std::shuffle(cluster_order.begin(), cluster_order.end(), rng);
+    std::shuffle(group_order.begin(), group_order.end(), rng);
   }
   Launch* const outer = current_launch;
   current_launch = &L;
   gridDim = dim3{blocks, 1, 1};
   blockDim = dim3{threads, 1, 1};
   try {
-    for (const unsigned c : cluster_order) {
-      for (unsigned b = 0; b < cluster; ++b) {
+    for (const unsigned c : group_order) {
+      for (unsigned b = 0; b < live; ++b) {
         L.blocks[b].filled = 0;
         fill_nan(L.blocks[b], dynamic_bytes);
         for (unsigned t = 0; t < threads; ++t) {
@@ -410,11 +429,11 @@ void run_grid(const char* name, Body& body, unsigned blocks, unsigned threads, u
           f = Fiber{};
           f.block = int(b);
           f.thread = t;
-          f.block_index = dim3{c * cluster + b, 0, 0};
+          f.block_index = dim3{c * live + b, 0, 0};
           make_context(f.context, p.stacks[b * threads + t]->top(), &fiber_main, &f);
         }
       }
-      run_cluster(L, order, rng);
+      run_live(L, order, rng);
     }
   } catch (...) {
     current_launch = outer;
