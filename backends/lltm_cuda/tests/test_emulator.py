@@ -1,6 +1,6 @@
 """The emulator itself (csrc/emulation/lltm_emulator.h), through the probe kernels of
 csrc/emulation/emulator_probes.cpp: barriers, shared memory, warp operations, atomics, clusters,
-and a barrier not every thread reaches, reported as an error that names the kernel.
+cooperative grids, and a barrier not every thread reaches, reported as an error that names the kernel.
 
 Runs on the emulated build (`nox -s cuda_emulated`); elsewhere it skips, saying so.  The tests hold
 for any LLTM_CUDA_EMULATE_* settings; the ones about the order run a child with their own.
@@ -60,6 +60,36 @@ def test_a_cluster_reads_its_peers_shared_memory_by_rank(cluster):
     assert torch.equal(out, want)
 
 
+def _grid_capacity() -> int:
+    multiprocessors, blocks_per_multiprocessor, *_ = probe.settings()
+    return multiprocessors * blocks_per_multiprocessor
+
+
+@pytest.mark.parametrize("blocks", [1, 2, "all"])
+def test_a_cooperative_grid_exchanges_global_memory_across_its_barrier_and_not_without(blocks):
+    """Every block of a cooperative launch runs together: after the grid barrier each thread reads
+    what the next block posted.  Without the barrier the first thread to run (in the shuffled order
+    of the cuda_emulated session, or any other) reads an unwritten (NaN) value."""
+    blocks = _grid_capacity() if blocks == "all" else blocks
+    threads = 8
+    x = torch.randn(blocks * threads)
+    want = x.view(blocks, threads).roll(-1, dims=0).reshape(-1)
+    assert torch.equal(probe.probe_grid(x, threads, True), want)
+    if blocks > 1:
+        assert probe.probe_grid(x, threads, False).isnan().any()
+
+
+def test_a_grid_barrier_needs_a_cooperative_launch_that_fits_the_device():
+    x = torch.randn(2 * 4)
+    with pytest.raises(RuntimeError, match="kernel grid_kernel waits at the grid barrier, but it was not launched "
+                                           "cooperatively"):
+        probe.probe_grid(x, 4, True, cooperative=False)
+    too_many = torch.randn((_grid_capacity() + 1) * 4)
+    with pytest.raises(RuntimeError, match=r"cooperative launch of grid_kernel with \d+ blocks, more than the \d+ "
+                                           r"the device holds at once"):
+        probe.probe_grid(too_many, 4, True)
+
+
 def test_shared_memory_starts_as_nan():
     assert probe.probe_unwritten_shared(torch.empty(0), 64).isnan().all()
 
@@ -73,11 +103,11 @@ def test_shared_memory_over_the_per_block_limit_is_an_error_naming_the_kernel():
         probe.probe_unwritten_shared(torch.empty(0), limit - 8)  # the static array no longer fits
 
 
-@pytest.mark.parametrize("cluster", [1, 2])
-def test_a_barrier_not_every_thread_reaches_is_an_error_not_a_hang(cluster):
-    barrier = "the cluster barrier" if cluster > 1 else "__syncthreads"
+@pytest.mark.parametrize("scope", ["block", "cluster", "grid"])
+def test_a_barrier_not_every_thread_reaches_is_an_error_not_a_hang(scope):
+    barrier = {"block": "__syncthreads", "cluster": "the cluster barrier", "grid": "the grid barrier"}[scope]
     with pytest.raises(RuntimeError, match=rf"kernel skipped_barrier_kernel: a barrier that not every thread .*{barrier}"):
-        probe.probe_skipped_barrier(4, cluster)
+        probe.probe_skipped_barrier(4, 2 if scope == "cluster" else 1, grid=scope == "grid")
     # The process goes on: the next launch runs.
     x = torch.randn(8)
     torch.testing.assert_close(probe.probe_block_sum(x, 8, True), x.sum().view(1))

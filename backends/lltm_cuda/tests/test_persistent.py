@@ -1,6 +1,7 @@
-"""The persistent sequence path (csrc/cuda/lltm_persistent.cu) on the emulated build: clusters of 1,
-2, 4 and 8 blocks against the reference in three dtypes, the launch count flat in T, a deterministic
-backward, and the choice of path (lltm_cuda.sequence_path, LLTM_CUDA_SEQUENCE, LLTM_CUDA_CLUSTER).
+"""The persistent sequence paths (csrc/cuda/lltm_persistent.cu) on the emulated build: clusters of 1,
+2, 4 and 8 blocks, and the cooperative grid (LLTM_CUDA_SEQUENCE=grid), against the reference in
+three dtypes, the launch count flat in T, a deterministic backward, and the choice of path
+(lltm_cuda.sequence_path, LLTM_CUDA_SEQUENCE, LLTM_CUDA_CLUSTER).
 
 Runs on the emulated build (`nox -s cuda_emulated`); elsewhere it skips, saying so.  The kit runs on
 this path too (the cuda_emulated session forces it); this file checks what the kit cannot see.
@@ -33,6 +34,13 @@ def persistent(monkeypatch):
     return lambda blocks: monkeypatch.setenv("LLTM_CUDA_CLUSTER", str(blocks))
 
 
+@pytest.fixture
+def grid(monkeypatch):
+    """Forces the grid path: a cooperative launch of one block a multiprocessor of the emulated GPU."""
+    monkeypatch.setenv("LLTM_CUDA_SEQUENCE", "grid")
+    monkeypatch.delenv("LLTM_CUDA_CLUSTER", raising=False)
+
+
 def _launches() -> int:
     return emulation.counters()[2]
 
@@ -48,12 +56,9 @@ def _run(inputs, lengths, reverse):
     return got, grads
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("blocks", [1, 2, 4, 8])
-def test_each_cluster_size_matches_the_reference(persistent, blocks, dtype):
-    """S = 13 splits unevenly over every cluster (8 blocks: five of two units, three of one); lengths
-    and reverse together take every branch of both kernels."""
-    persistent(blocks)
+def _matches_the_reference(dtype, label):
+    """S = 13 splits unevenly over any number of blocks up to 13 (8 blocks: five of two units, three
+    of one); lengths and reverse together take every branch of the kernels."""
     inputs = make_sequence_inputs(5, 3, 4, 13, dtype=dtype)
     lengths = torch.tensor([5, 2, 4])
     for reverse in (False, True):
@@ -63,13 +68,29 @@ def test_each_cluster_size_matches_the_reference(persistent, blocks, dtype):
         torch.autograd.backward(want, [g.double() for g in grads])
         want = [t.detach() for t in want] + [t.grad for t in wide]
         for name, g, w in zip(("output", "h_n", "c_n", "input", "weights", "bias", "h0", "c0"), got, want):
-            assert max_rel_error(g, w) <= tolerance(dtype), (name, blocks, reverse)
+            assert max_rel_error(g, w) <= tolerance(dtype), (name, label, reverse)
 
 
-def test_the_launch_count_does_not_grow_with_the_steps(persistent):
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("blocks", [1, 2, 4, 8])
+def test_each_cluster_size_matches_the_reference(persistent, blocks, dtype):
+    persistent(blocks)
+    _matches_the_reference(dtype, f"cluster of {blocks}")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_the_grid_path_matches_the_reference(grid, dtype):
+    path, blocks, why = lltm_cuda_emulated.sequence_path(dtype, 3, 13)
+    assert path == "grid" and blocks == min(13, emulation.settings()[0]), why
+    _matches_the_reference(dtype, f"grid of {blocks}")
+
+
+@pytest.mark.parametrize("path", ["persistent", "grid"])
+def test_the_launch_count_does_not_grow_with_the_steps(persistent, path):
     """One launch for the forward's time loop and one for the backward's, whatever T (the GEMMs
     are torch's and not counted); the per-step path, for contrast, launches one kernel a step each way."""
     persistent(4)
+    os.environ["LLTM_CUDA_SEQUENCE"] = path  # the fixture restores it
     counts = {}
     for steps in (2, 7, 19):
         inputs = make_sequence_inputs(steps, 3, 4, 8)
@@ -83,10 +104,13 @@ def test_the_launch_count_does_not_grow_with_the_steps(persistent):
     assert _launches() - before == 2 * 7
 
 
-def test_the_backward_is_deterministic(persistent):
-    """The partial d_h of each block are summed in rank order: the same bits whatever order the
-    threads run in (each launch runs in a new order under LLTM_CUDA_EMULATE_ORDER=shuffle)."""
+@pytest.mark.parametrize("path", ["persistent", "grid"])
+def test_the_backward_is_deterministic(persistent, path):
+    """The partial d_h of each block are summed in rank order (the grid's d_h over W_h's columns in
+    row order): the same bits whatever order the threads run in (each launch runs in a new order
+    under LLTM_CUDA_EMULATE_ORDER=shuffle)."""
     persistent(8)
+    os.environ["LLTM_CUDA_SEQUENCE"] = path  # the fixture restores it
     inputs = make_sequence_inputs(6, 4, 3, 16)
     first, grads = _run(inputs, None, True)
     out = lltm_core.lltm_sequence(*inputs, reverse=True, backend="cuda_emulated")
@@ -95,11 +119,15 @@ def test_the_backward_is_deterministic(persistent):
         assert torch.equal(a, b)
 
 
-def test_inference_projects_in_chunks_and_keeps_the_state_across_launches(persistent):
+@pytest.mark.parametrize("path", ["persistent", "grid"])
+def test_inference_projects_in_chunks_and_keeps_the_state_across_launches(persistent, path):
     """Without a backward the input is projected 2048 rows at a time: one launch a chunk, each
     starting from the state the one before left."""
     persistent(2)
-    inputs = make_sequence_inputs(700, 3, 2, 4, requires_grad=False)  # 2100 rows: two chunks
+    os.environ["LLTM_CUDA_SEQUENCE"] = path  # the fixture restores it
+    # 2560 rows: two chunks (32 steps and 8).  Few steps: over hundreds, float32's rounding grows
+    # past the kit's bound on any path, the per-step one included.
+    inputs = make_sequence_inputs(40, 64, 2, 4, requires_grad=False)
     before = _launches()
     with torch.no_grad():
         got = lltm_core.lltm_sequence(*inputs, backend="cuda_emulated")
@@ -119,6 +147,8 @@ def test_the_default_choice_and_its_reasons(monkeypatch):
     assert path == "per-step" and "float64" in why
     path, _, why = lltm_cuda_emulated.sequence_path(torch.bfloat16, 256, 1024)
     assert path == "per-step" and "bytes of shared memory a block over a cluster of 8" in why
+    # The grid path runs such shapes too, but is the default only once a GPU measures it faster.
+    assert "LLTM_CUDA_SEQUENCE=grid" in why and "measurement decides" in why, why
     monkeypatch.setenv("LLTM_CUDA_SEQUENCE", "per-step")
     assert lltm_cuda_emulated.sequence_path(torch.float32, 16, 128)[0] == "per-step"
 
@@ -132,6 +162,16 @@ def test_a_forced_path_that_cannot_run_is_an_error_not_a_fallback(persistent):
     persistent(3)
     with pytest.raises(RuntimeError, match="LLTM_CUDA_CLUSTER=3: expected 1, 2, 4, 8, 16"):
         lltm_cuda_emulated.sequence_path(torch.float32, 4, 8)
+
+
+def test_a_forced_grid_that_cannot_run_is_an_error_naming_the_shape_and_the_path(grid):
+    with pytest.raises(RuntimeError, match=r"LLTM_CUDA_SEQUENCE=grid, but the grid-persistent path cannot run at "
+                                           r"batch 4, state size 8, Double: it takes float32"):
+        lltm_cuda_emulated.sequence_path(torch.float64, 4, 8)
+    inputs = make_sequence_inputs(3, 2, 2, 1031)  # a block's rows of W_h over the emulated GPU's few blocks
+    with pytest.raises(RuntimeError, match=r"grid-persistent path cannot run at batch 2, state size 1031, Float: a "
+                                           r"block's rows of W_h need \d+ bytes of shared memory"):
+        lltm_core.lltm_sequence(*inputs, backend="cuda_emulated")
 
 
 def test_without_clusters_the_default_is_per_step_and_a_forced_cluster_of_one_runs():
@@ -165,6 +205,9 @@ def test_explain_names_the_sequence_path(monkeypatch):
         float64 = call._replace(dtype=torch.float64)
         (chosen,) = [e for e in lltm_core.explain(float64) if e.verdict == "chosen"]
         assert "the call would fail" in chosen.reason and "float64" in chosen.reason, chosen
+        monkeypatch.setenv("LLTM_CUDA_SEQUENCE", "grid")
+        (chosen,) = [e for e in lltm_core.explain(call) if e.verdict == "chosen"]
+        assert "sequence path: grid: one cooperative launch" in chosen.reason, chosen
         cell = lltm_core.Call("cell", "cpu", torch.float32, 16, 32, 128, None, True)
         (chosen,) = [e for e in lltm_core.explain(cell) if e.verdict == "chosen"]
         assert "path" not in chosen.reason, chosen

@@ -1,7 +1,7 @@
 // Small kernels that test the emulator itself (torch.ops.lltm_cuda_emulation.probe_*), each written
 // as a GPU kernel is, through rt::: a block reduction that is wrong without its barriers, warp
-// shuffles and votes, atomics, a cluster exchanging shared memory, unwritten shared memory, and
-// barriers that not every thread reaches.  backends/lltm_cuda/tests/test_emulator.py runs them.
+// shuffles and votes, atomics, a cluster exchanging shared memory, a cooperative grid exchanging
+// global memory, unwritten shared memory, and barriers that not every thread reaches.  backends/lltm_cuda/tests/test_emulator.py runs them.
 #include "../cuda/lltm_common.cuh"
 
 #ifndef LLTM_CUDA_EMULATE
@@ -10,6 +10,8 @@
 
 #include <torch/csrc/stable/library.h>
 #include <torch/csrc/stable/ops.h>
+
+#include <limits>
 
 namespace {
 
@@ -78,6 +80,18 @@ __global__ void cluster_kernel(const float* x, float* out, int64_t* ranks) {
   rt::cluster_sync();  // a peer's shared memory must outlive its readers
 }
 
+// Each block posts x of its threads in global memory (`posted`, NaN until written); after the grid
+// barrier each thread reads what the next block posted.  Without the barrier the first thread to
+// run, whichever it is, reads a value nobody wrote yet.
+__global__ void grid_kernel(const float* x, float* posted, float* out, bool barrier) {
+  const unsigned g = blockIdx.x * blockDim.x + threadIdx.x;
+  posted[g] = x[g];
+  if (barrier) {
+    rt::grid_sync();
+  }
+  out[g] = posted[(blockIdx.x + 1) % gridDim.x * blockDim.x + threadIdx.x];
+}
+
 // What shared memory holds before anyone writes it, static and dynamic.
 __global__ void unwritten_shared_kernel(float* out) {
   LLTM_SHARED(float, fixed, 4);
@@ -85,12 +99,15 @@ __global__ void unwritten_shared_kernel(float* out) {
   out[1] = rt::dynamic_shared<float>()[threadIdx.x % 4];
 }
 
-// Thread 0 (or block rank 0) leaves before the barrier the others wait at.
-__global__ void skipped_barrier_kernel(bool cluster) {
-  if (cluster ? rt::cluster_rank() == 0 : threadIdx.x == 0) {
+// Thread 0 (or block rank 0 of the cluster, or block 0 of the grid) leaves before the barrier the
+// others wait at.
+enum class Scope { kBlock, kCluster, kGrid };
+
+__global__ void skipped_barrier_kernel(Scope scope) {
+  if (scope == Scope::kBlock ? threadIdx.x == 0 : scope == Scope::kCluster ? rt::cluster_rank() == 0 : blockIdx.x == 0) {
     return;
   }
-  cluster ? rt::cluster_sync() : rt::sync_threads();
+  scope == Scope::kBlock ? rt::sync_threads() : scope == Scope::kCluster ? rt::cluster_sync() : rt::grid_sync();
 }
 
 // Which place each thread took among its block's threads to arrive, before and after a barrier.
@@ -137,6 +154,17 @@ std::tuple<Tensor, Tensor> cluster(Tensor x, int64_t threads, int64_t cluster_bl
   return {out, ranks};
 }
 
+// `cooperative` false: the grid barrier in a launch that does not allow it, an error.
+Tensor grid(Tensor x, int64_t threads, bool barrier, bool cooperative) {
+  const int64_t blocks = x.numel() / threads;
+  Tensor posted = torch::stable::new_empty(x, {x.numel()});
+  torch::stable::fill_(posted, std::numeric_limits<double>::quiet_NaN());
+  Tensor out = zeros(x, x.numel(), ScalarType::Float);
+  rt::launch(grid_kernel, rt::ClusterLaunch{"grid_kernel", blocks, int(threads), 1, 0, cooperative}, 0,
+             x.const_data_ptr<float>(), posted.mutable_data_ptr<float>(), out.mutable_data_ptr<float>(), barrier);
+  return out;
+}
+
 Tensor unwritten_shared(Tensor like, int64_t dynamic_bytes) {
   Tensor out = zeros(like, 2, ScalarType::Float);
   rt::launch(unwritten_shared_kernel, rt::ClusterLaunch{"unwritten_shared_kernel", 1, 4, 1, size_t(dynamic_bytes)}, 0,
@@ -144,10 +172,13 @@ Tensor unwritten_shared(Tensor like, int64_t dynamic_bytes) {
   return out;
 }
 
-void skipped_barrier(int64_t threads, int64_t cluster_blocks) {
+// Over one block, a cluster of `cluster_blocks`, or (grid) a cooperative grid of two blocks.
+void skipped_barrier(int64_t threads, int64_t cluster_blocks, bool grid) {
+  const Scope scope = grid ? Scope::kGrid : cluster_blocks > 1 ? Scope::kCluster : Scope::kBlock;
   rt::launch(skipped_barrier_kernel,
-             rt::ClusterLaunch{"skipped_barrier_kernel", cluster_blocks, int(threads), int(cluster_blocks), 0}, 0,
-             cluster_blocks > 1);
+             rt::ClusterLaunch{"skipped_barrier_kernel", grid ? 2 : cluster_blocks, int(threads),
+                               grid ? 1 : int(cluster_blocks), 0, grid},
+             0, scope);
 }
 
 Tensor resume_order(Tensor like, int64_t threads) {
@@ -164,8 +195,9 @@ STABLE_TORCH_LIBRARY_FRAGMENT(lltm_cuda_emulation, m) {
   m.def("probe_warp(Tensor x, int threads) -> Tensor");
   m.def("probe_atomic(Tensor x, int threads) -> Tensor");
   m.def("probe_cluster(Tensor x, int threads, int cluster) -> (Tensor, Tensor)");
+  m.def("probe_grid(Tensor x, int threads, bool barrier, bool cooperative=True) -> Tensor");
   m.def("probe_unwritten_shared(Tensor like, int dynamic_bytes) -> Tensor");
-  m.def("probe_skipped_barrier(int threads, int cluster) -> ()");
+  m.def("probe_skipped_barrier(int threads, int cluster, bool grid=False) -> ()");
   m.def("probe_resume_order(Tensor like, int threads) -> Tensor");
 }
 
@@ -174,6 +206,7 @@ STABLE_TORCH_LIBRARY_IMPL(lltm_cuda_emulation, CompositeExplicitAutograd, m) {
   m.impl("probe_warp", TORCH_BOX(&warp));
   m.impl("probe_atomic", TORCH_BOX(&atomic));
   m.impl("probe_cluster", TORCH_BOX(&cluster));
+  m.impl("probe_grid", TORCH_BOX(&grid));
   m.impl("probe_unwritten_shared", TORCH_BOX(&unwritten_shared));
   m.impl("probe_skipped_barrier", TORCH_BOX(&skipped_barrier));
   m.impl("probe_resume_order", TORCH_BOX(&resume_order));
