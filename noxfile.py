@@ -255,8 +255,9 @@ def cuda_emulated(session):
     """lltm-cuda's own kernels and host code on the CPU: its .cu sources compiled as C++ with every
     GPU thread a fiber (LLTM_CUDA_EMULATE=1, the test-only backend cuda_emulated), then the kit in
     every dtype lltm-cuda declares, the kit's sequence comparisons with each sequence path forced
-    (the persistent kernel over clusters of 1, 2, 4 and 8 blocks, and per step), lltm-cuda's tests
-    that need no device (the emulator's own, the launch count flat in T), and the planted defects.
+    (the persistent kernel over clusters of 1, 2, 4 and 8 blocks, the cooperative grid, and per
+    step), lltm-cuda's tests that need no device (the emulator's own, the launch count flat in T),
+    and the planted defects.
 
     Then torch in the same venv becomes the newer TORCH_CUDA (2.14.1) and the library built on
     TORCH_CPU (2.13.0) runs again, not rebuilt: the stable ABI's promise (one build for every torch
@@ -279,9 +280,10 @@ def cuda_emulated(session):
     # The default choice: the persistent kernel over a cluster of 8 where W_h fits, per step elsewhere.
     _pytest(session, "--pyargs", "lltm_core.testing", "--lltm-backend", "cuda_emulated")
     # Each path forced, over the kit's sequence comparisons (the cases whose W_h fits a block, in the
-    # three dtypes the persistent kernel takes): clusters of 1, 2, 4 and 8 blocks, and per step.
+    # three dtypes the persistent kernels take): clusters of 1, 2, 4 and 8 blocks, the cooperative
+    # grid (one block a multiprocessor), and per step.
     for path, cluster in (("persistent", "1"), ("persistent", "2"), ("persistent", "4"), ("persistent", "8"),
-                          ("per-step", "0")):
+                          ("grid", "0"), ("per-step", "0")):
         session.log(f"the kit's sequence comparisons with LLTM_CUDA_SEQUENCE={path} LLTM_CUDA_CLUSTER={cluster}")
         session.env.update({"LLTM_CUDA_SEQUENCE": path, "LLTM_CUDA_CLUSTER": cluster})
         _pytest(session, "--pyargs", "lltm_core.testing.test_sequence", "--lltm-backend", "cuda_emulated",

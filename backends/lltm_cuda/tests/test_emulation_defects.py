@@ -38,6 +38,8 @@ PER_STEP = {"LLTM_CUDA_SEQUENCE": "per-step"}
 PERSISTENT_KIT = ["--pyargs", "lltm_core.testing.test_sequence", "--lltm-backend", "cuda_emulated",
                   "--lltm-dtype", "float32", "-k", "(lltm_sequence_matches or layer_matches) and not S1031"]
 PERSISTENT = {"LLTM_CUDA_SEQUENCE": "persistent", "LLTM_CUDA_CLUSTER": "2"}
+# The grid path in float32 (a cooperative launch of one block a multiprocessor of the emulated GPU).
+GRID = {"LLTM_CUDA_SEQUENCE": "grid"}
 
 
 @dataclass(frozen=True)
@@ -51,6 +53,13 @@ class Defect:
     says: str  # what the kit's message must name
     kit: tuple[str, ...] = tuple(KIT)
     env: tuple[tuple[str, str], ...] = tuple(PER_STEP.items())  # the path the defect is in
+
+
+def _race(name, old, new, must_fail, first_wrong, path) -> Defect:
+    """A defect of the persistent kernels (lltm_persistent.cu), run on the kit of the path it is in."""
+    return Defect(name, "lltm_persistent.cu", old, new, fails=r".", must_fail=tuple(f"float32-{m}" for m in must_fail),
+                  says=r"lltm_sequence on cuda_emulated, reverse=False, lengths=None: relative error above [0-9.e-]+ "
+                       r"in \{'" + first_wrong, kit=tuple(PERSISTENT_KIT), env=tuple(path.items()))
 
 
 DEFECTS = [
@@ -85,21 +94,27 @@ DEFECTS = [
              r"\{'grad_weights'",
     ),
     # The persistent kernel's races: each fails every case (every case runs the kernel).
-    *(Defect(name, "lltm_persistent.cu", old, new, fails=r".", must_fail=tuple(f"float32-{m}" for m in must_fail),
-             says=r"lltm_sequence on cuda_emulated, reverse=False, lengths=None: relative error above [0-9.e-]+ in "
-                  r"\{'" + first_wrong, kit=tuple(PERSISTENT_KIT), env=tuple(PERSISTENT.items()))
-      for name, old, new, must_fail, first_wrong in [
-          ("persistent-missing-syncthreads",
-           "    rt::sync_threads();  // every unit's d_gates in dg_s before the partial product reads them\n", "",
-           ("full-forward", "lengths-reverse", "odd-sizes"), "grad_input"),
-          ("persistent-single-h-buffer", "const int next = 1 - current;", "const int next = current;",
-           ("full-forward", "full-reverse", "T1"), "output"),
-          ("persistent-wrong-peer-rank", "rt::map_shared_rank(h_next, peer)[at] = new_h;",
-           "rt::map_shared_rank(h_next, rank)[at] = new_h;", ("full-forward", "lengths-forward", "odd-sizes"), "output"),
-          ("persistent-missing-cluster-barrier",
-           "    // h_t complete in every block before any reads it; and no block leaves while peers write to it.\n"
-           "    rt::cluster_sync();\n", "", ("full-forward", "full-reverse", "lengths-reverse"), "output"),
-      ]),
+    *(_race(*row, PERSISTENT) for row in [
+        ("persistent-missing-syncthreads",
+         "    rt::sync_threads();  // every unit's d_gates in dg_s before the partial product reads them\n", "",
+         ("full-forward", "lengths-reverse", "odd-sizes"), "grad_input"),
+        ("persistent-single-h-buffer", "const int next = 1 - current;", "const int next = current;",
+         ("full-forward", "full-reverse", "T1"), "output"),
+        ("persistent-wrong-peer-rank", "rt::map_shared_rank(h_s + i * count, peer)[at] = value;",
+         "rt::map_shared_rank(h_s + i * count, rank())[at] = value;", ("full-forward", "lengths-forward", "odd-sizes"),
+         "output"),
+        ("persistent-missing-cluster-barrier",
+         "    // h_t complete in every block before any reads it; and no block leaves while others write to it.\n"
+         "    team.sync();\n", "", ("full-forward", "full-reverse", "lengths-reverse"), "output"),
+    ]),
+    # The grid path's: without its barriers a block reads h or d_gates the others have not written.
+    *(_race(*row, GRID) for row in [
+        ("grid-missing-grid-barrier", "void sync() const { rt::grid_sync(); }", "void sync() const {}",
+         ("full-forward", "full-reverse", "lengths-reverse"), "output"),
+        ("grid-backward-missing-grid-barrier",
+         "    rt::grid_sync();  // every unit's d_gates of step t written before any block reads them\n", "",
+         ("full-forward", "full-reverse", "lengths-reverse"), "grad_input"),
+    ]),
 ]
 
 # Built as setup.py builds the emulated library: the same stable-ABI flags (its CXX_FLAGS).
@@ -155,9 +170,10 @@ def _kit(library: Path | None, kit=tuple(KIT), path=tuple(PER_STEP.items())) -> 
     return run.returncode, run.stdout + run.stderr
 
 
-@pytest.mark.parametrize("path", ["per-step", "persistent"])
+@pytest.mark.parametrize("path", ["per-step", "persistent", "grid"])
 def test_the_sources_as_they_are_pass(path):
-    code, out = _kit(None) if path == "per-step" else _kit(None, tuple(PERSISTENT_KIT), tuple(PERSISTENT.items()))
+    forced = {"persistent": PERSISTENT, "grid": GRID}
+    code, out = _kit(None) if path == "per-step" else _kit(None, tuple(PERSISTENT_KIT), tuple(forced[path].items()))
     assert code == 0, out
 
 
