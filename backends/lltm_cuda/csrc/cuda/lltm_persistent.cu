@@ -235,12 +235,13 @@ __device__ __forceinline__ void forward_loop(const ForwardParams<scalar_t>& p, c
 template <typename scalar_t>
 __global__ void persistent_forward_kernel(ForwardParams<scalar_t> p) {
   const int64_t S = p.state_size;
-  auto* const h_s = rt::dynamic_shared<scalar_t>() + w_bytes(S, rt::cluster_blocks(), sizeof(scalar_t)) / int64_t(sizeof(scalar_t));
+  const int64_t w_elements = w_bytes(S, rt::cluster_blocks(), sizeof(scalar_t)) / int64_t(sizeof(scalar_t));
+  scalar_t* const h_s = rt::dynamic_shared<scalar_t>() + w_elements;  // after W_h's rows
   forward_loop(p, ClusterTeam<scalar_t>{h_s, p.batch * S});
 }
 
 template <typename scalar_t>
-__global__ void grid_forward_kernel(ForwardParams<scalar_t> p, scalar_t* exchange) {
+__global__ void persistent_grid_forward_kernel(ForwardParams<scalar_t> p, scalar_t* exchange) {
   forward_loop(p, GridTeam<scalar_t>{exchange, p.batch * p.state_size, p.state_size});
 }
 
@@ -307,7 +308,7 @@ __global__ void persistent_backward_kernel(BackwardParams<scalar_t> p) {
   const int64_t S = p.state_size, BS = p.batch * S;
   const Units units = units_of(S, rt::cluster_rank(), blocks);
   const BlockRows<scalar_t> w = load_w_h(p.weights, p.ld, S, units, blocks);
-  auto* const bytes = reinterpret_cast<unsigned char*>(rt::dynamic_shared<scalar_t>()) + w_bytes(S, blocks, sizeof(scalar_t));
+  auto* const bytes = rt::dynamic_shared<unsigned char>() + w_bytes(S, blocks, sizeof(scalar_t));  // after W_h's rows
   float* const dg_s = reinterpret_cast<float*>(bytes);  // (B, 3, n_max): this block's d_gates of the step
   float* const partial_s = reinterpret_cast<float*>(bytes + align16(p.batch * 3 * w.n_max * 4));  // 2 x (B, S)
   rt::cluster_sync();
@@ -353,7 +354,7 @@ __global__ void persistent_backward_kernel(BackwardParams<scalar_t> p) {
 // of r: deterministic.  A thread finishes the very elements it starts the next step with, so the
 // grid barrier is the step's only one.
 template <typename scalar_t>
-__global__ void grid_backward_kernel(BackwardParams<scalar_t> p) {
+__global__ void persistent_grid_backward_kernel(BackwardParams<scalar_t> p) {
   using opmath_t = opmath_type<scalar_t>;
   const int64_t S = p.state_size;
   const Units units = units_of(S, blockIdx.x, gridDim.x);
@@ -428,8 +429,10 @@ int64_t grid_capacity(int device, ScalarType dtype, int64_t forward_bytes) {
     dispatch_persistent(dtype, [&](auto zero) {
       using scalar_t = decltype(zero);
       const int threads = rt::threads_per_block();
-      blocks = std::min(rt::cooperative_blocks(grid_forward_kernel<scalar_t>, threads, size_t(forward_bytes), device),
-                        rt::cooperative_blocks(grid_backward_kernel<scalar_t>, threads, 0, device));
+      const auto forward = persistent_grid_forward_kernel<scalar_t>;
+      const auto backward = persistent_grid_backward_kernel<scalar_t>;
+      blocks = std::min(rt::cooperative_blocks(forward, threads, size_t(forward_bytes), device),
+                        rt::cooperative_blocks(backward, threads, 0, device));
     });
     found = known.emplace(key, blocks).first;
   }
@@ -560,9 +563,9 @@ void persistent_forward(const SequencePlan& plan, const PersistentForward& a) {
     if (plan.grid) {
       const Tensor exchange = ops::empty({2, B, S}, a.h.scalar_type(), a.h);  // h's two buffers
       const size_t bytes = size_t(w_bytes(S, plan.blocks, sizeof(scalar_t)));
-      rt::launch(grid_forward_kernel<scalar_t>,
-                 rt::ClusterLaunch{"grid_forward_kernel", plan.blocks, rt::threads_per_block(), 1, bytes, true}, stream,
-                 p, exchange.mutable_data_ptr<scalar_t>());
+      rt::launch(persistent_grid_forward_kernel<scalar_t>,
+                 rt::ClusterLaunch{"persistent_grid_forward_kernel", plan.blocks, rt::threads_per_block(), 1, bytes, true},
+                 stream, p, exchange.mutable_data_ptr<scalar_t>());
     } else {
       const size_t bytes = size_t(forward_shared_bytes(sizeof(scalar_t), B, S, plan.cluster));
       rt::launch(persistent_forward_kernel<scalar_t>,
@@ -584,8 +587,9 @@ void persistent_backward(const SequencePlan& plan, const PersistentBackward& a) 
                                      a.grad_cell.mutable_data_ptr<opmath_t>(), a.d_gates.mutable_data_ptr<scalar_t>(),
                                      lengths_ptr(a.lengths), T, a.reverse, B, S};
     if (plan.grid) {
-      rt::launch(grid_backward_kernel<scalar_t>,
-                 rt::ClusterLaunch{"grid_backward_kernel", plan.blocks, rt::threads_per_block(), 1, 0, true}, stream, p);
+      rt::launch(persistent_grid_backward_kernel<scalar_t>,
+                 rt::ClusterLaunch{"persistent_grid_backward_kernel", plan.blocks, rt::threads_per_block(), 1, 0, true},
+                 stream, p);
     } else {
       const size_t bytes = size_t(backward_shared_bytes(sizeof(scalar_t), B, S, plan.cluster));
       rt::launch(persistent_backward_kernel<scalar_t>,

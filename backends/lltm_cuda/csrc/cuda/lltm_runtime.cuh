@@ -1,16 +1,16 @@
-// Everything lltm-cuda's kernels and host code touch that differs between the real build (nvcc,
-// a GPU) and the emulated one (the same .cu files compiled as C++ for the CPU, with
-// LLTM_CUDA_EMULATE defined): the kernel launch, the few runtime queries, the stream, the device
-// guard, the device check, the two GEMMs, and the device functions a kernel uses to cooperate
-// (barriers, shared memory, warp shuffles and votes, atomics, the cluster, the cooperative grid).  Nothing else in csrc/
-// may name a CUDA runtime call, <<<>>>, __syncthreads, __shared__ or a cooperative group: a kernel
-// reaches them only through rt:: below, so the emulation runs exactly what a GPU runs.
+// Everything lltm-cuda's kernels and host code touch that differs between the real build (nvcc, a
+// GPU) and the emulated one (the same .cu files compiled as C++ for the CPU, with LLTM_CUDA_EMULATE
+// defined): the kernel launch, the few runtime queries, the stream, the device guard, the device
+// check, the two GEMMs, and the device functions a kernel uses to cooperate (barriers, shared
+// memory, warp shuffles and votes, atomics, the cluster, the cooperative grid).  Nothing else in
+// csrc/ may name a CUDA runtime call, <<<>>>, __syncthreads, __shared__ or a cooperative group: a
+// kernel reaches them only through rt:: below, so the emulation runs exactly what a GPU runs.
 //
 // The emulation (csrc/emulation/lltm_emulator.h) runs every thread of a launch as a fiber that
 // switches out at each barrier, a cluster of blocks at a time (a cooperative launch's whole grid at
-// once), with blockIdx, threadIdx, blockDim
-// and gridDim set for each; the order in which ready threads resume is settable, so any dependence
-// between threads that no barrier orders (a race on a GPU) changes a result.
+// once), with blockIdx, threadIdx, blockDim and gridDim set for each; the order in which ready
+// threads resume is settable, so any dependence between threads that no barrier orders (a race on a
+// GPU) changes a result.
 // Its knobs, read once per process (see emulation_settings()):
 //   LLTM_CUDA_EMULATE_MULTIPROCESSORS      multiprocessors of the emulated GPU (default 4)
 //   LLTM_CUDA_EMULATE_BLOCKS_PER_MULTIPROCESSOR  the occupancy every kernel gets (default 2)
@@ -42,6 +42,22 @@
 #ifndef STABLE_TORCH_ERROR_CODE_CHECK
 #define STABLE_TORCH_ERROR_CODE_CHECK(call) TORCH_ERROR_CODE_CHECK(call)
 #endif
+
+namespace lltm_cuda::rt {
+
+// A launch of clusters of `cluster` blocks with `shared_bytes` of dynamic shared memory a block;
+// cooperative: every block resident at once, so that the kernel may wait at the grid barrier
+// (the caller checks first that the grid fits: cooperative_blocks).  Either build's launch takes it.
+struct ClusterLaunch {
+  const char* name;  // the kernel's, for errors
+  int64_t blocks;
+  int threads;
+  int cluster;
+  size_t shared_bytes;
+  bool cooperative = false;
+};
+
+}  // namespace lltm_cuda::rt
 
 #ifndef LLTM_CUDA_EMULATE
 
@@ -133,18 +149,6 @@ inline size_t shared_per_block(int device) {
              "cudaDeviceGetAttribute");
   return size_t(bytes);
 }
-
-// A launch of clusters of `cluster` blocks with `shared_bytes` of dynamic shared memory a block;
-// cooperative: every block resident at once, so that the kernel may wait at the grid barrier
-// (the caller checks first that the grid fits: cooperative_blocks).
-struct ClusterLaunch {
-  const char* name;  // the kernel's, for errors
-  int64_t blocks;
-  int threads;
-  int cluster;
-  size_t shared_bytes;
-  bool cooperative = false;
-};
 
 // How many blocks of `threads` threads and `shared_bytes` of dynamic shared memory of `kernel` the
 // whole device holds at once: the most a cooperative launch of it may have.
@@ -368,15 +372,6 @@ inline void check_vector_aligned(const void* p) {
 
 inline bool launches_clusters(int /*device*/) { return emulation_settings().clusters; }
 inline size_t shared_per_block(int /*device*/) { return emulation_settings().shared_per_block; }
-
-struct ClusterLaunch {
-  const char* name;
-  int64_t blocks;
-  int threads;
-  int cluster;
-  size_t shared_bytes;
-  bool cooperative = false;
-};
 
 // Every multiprocessor holds the settings' blocks of any kernel, if its shared memory fits a block.
 template <typename... Params>

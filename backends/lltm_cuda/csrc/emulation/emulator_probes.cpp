@@ -1,7 +1,8 @@
 // Small kernels that test the emulator itself (torch.ops.lltm_cuda_emulation.probe_*), each written
 // as a GPU kernel is, through rt::: a block reduction that is wrong without its barriers, warp
 // shuffles and votes, atomics, a cluster exchanging shared memory, a cooperative grid exchanging
-// global memory, unwritten shared memory, and barriers that not every thread reaches.  backends/lltm_cuda/tests/test_emulator.py runs them.
+// global memory, unwritten shared memory, and barriers that not every thread reaches.
+// backends/lltm_cuda/tests/test_emulator.py runs them.
 #include "../cuda/lltm_common.cuh"
 
 #ifndef LLTM_CUDA_EMULATE

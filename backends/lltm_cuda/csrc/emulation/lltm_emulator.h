@@ -7,11 +7,11 @@
 // Blocks run a cluster at a time (a launch without clusters is clusters of one block): all the
 // threads of a cluster's blocks are live together, so a cluster barrier and a peer block's shared
 // memory (distributed shared memory) work as written.  A cooperative launch runs all its blocks
-// together, so the grid barrier (cooperative groups' grid.sync()) works as written too.  Shared memory, static and dynamic, is an
-// arena per block filled with NaN bytes when the block starts, checked against the per-block limit.
-// A barrier that not every thread of its scope (warp, block, cluster, grid) reaches is an error
-// naming the kernel, not a hang;
-// an exception inside a fiber (a failed check) ends the launch and reaches the caller.
+// together, so the grid barrier (cooperative groups' grid.sync()) works as written too.  Shared
+// memory, static and dynamic, is an arena per block filled with NaN bytes when the block starts,
+// checked against the per-block limit. A barrier that not every thread of its scope (warp, block,
+// cluster, grid) reaches is an error naming the kernel, not a hang; an exception inside a fiber (a
+// failed check) ends the launch and reaches the caller.
 //
 // Included by lltm_runtime.cuh under LLTM_CUDA_EMULATE only.
 #pragma once
