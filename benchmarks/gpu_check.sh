@@ -8,11 +8,13 @@
 #      elsewhere (LLTM_CUDA_WHEEL: its library is on torch's stable ABI, so a wheel built with a
 #      newer torch of the same CUDA major loads on the machine's, and no device time goes on nvcc)
 #      or, without one, built here against the machine's torch (setup.py finds the toolkit);
-#   3. lltm-cuda's persistent and per-step sequence paths against cuDNN's nn.LSTM, as ratios in one
-#      process (benchmarks/persistent_vs_cudnn.py);
-#   4. the conformance kit with the persistent path forced (three dtypes), then with the default
-#      choice (four dtypes);
-#   5. compute-sanitizer racecheck and synccheck on a small sequence (benchmarks/small_sequence.py);
+#   3. lltm-cuda's sequence paths (cluster-persistent, grid-persistent, per step) against cuDNN's
+#      nn.LSTM, as ratios in one process (benchmarks/persistent_vs_cudnn.py): the measurement that
+#      decides whether the grid path should become the default where W_h does not fit a cluster;
+#   4. the conformance kit with the persistent path forced (three dtypes), with the grid path
+#      forced (three dtypes), then with the default choice (four dtypes);
+#   5. compute-sanitizer racecheck and synccheck on a small sequence, over clusters and the
+#      cooperative grid (benchmarks/small_sequence.py);
 #   6. profiler tables and traces of lltm-cuda's and nn.LSTM's sequence, with cuDNN's kernel names
 #      (benchmarks/profile_gpu.py; traces under $OUT/traces);
 #   7. lltm-triton's kit, then the AOTInductor package of lltm-cuda's operators (a crash there rerun
@@ -24,9 +26,10 @@
 #
 #   OUT=/some/dir bash benchmarks/gpu_check.sh      (from anywhere; OUT defaults to a temp dir)
 #
-# Writes $OUT/h200.log (everything printed) and $OUT/h200.md (the report to commit as
-# benchmarks/results/h200.md), the report rewritten after every step so that a run cut
-# short still leaves one.  Needs only what a CUDA image has: python3 with a CUDA build of
+# Writes $OUT/<gpu>.log (everything printed) and $OUT/<gpu>.md (the report to commit as
+# benchmarks/results/<gpu>.md), <gpu> the device's model as nvidia-smi names it (h100, h200, a100;
+# gpu-check without one), the report rewritten after every step so that a run cut short still
+# leaves one.  Needs only what a CUDA image has: python3 with a CUDA build of
 # torch, nvcc, ninja, pytest; nothing from the network.  Give the command a wall-clock limit of
 # about GPU_CHECK_SECONDS + 60.
 #
@@ -46,8 +49,15 @@ SCRIPT=$(readlink -f "$0")  # before the cd: it re-runs itself below
 cd "$(dirname "$SCRIPT")/.."
 export OUT=${OUT:-$(mktemp -d)}
 mkdir -p "$OUT"
+# The files' name: the first word of the GPU's name with a digit in it ("NVIDIA H100 80GB HBM3": h100).
+if [[ -z ${GPU_CHECK_NAME:-} ]]; then
+    GPU_CHECK_NAME=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1 \
+        | tr ' ' '\n' | grep -v -i '^nvidia$' | grep -m 1 '[0-9]' | cut -d- -f1 | tr -cd '[:alnum:]' \
+        | tr '[:upper:]' '[:lower:]' || true)
+    export GPU_CHECK_NAME=${GPU_CHECK_NAME:-gpu-check}
+fi
 if [[ -z ${GPU_CHECK_LOGGING:-} ]]; then  # run the rest under tee, in one shell
-    GPU_CHECK_LOGGING=1 bash "$SCRIPT" 2>&1 | tee "$OUT/h200.log"
+    GPU_CHECK_LOGGING=1 bash "$SCRIPT" 2>&1 | tee "$OUT/$GPU_CHECK_NAME.log"
     exit "${PIPESTATUS[0]}"
 fi
 
@@ -86,7 +96,7 @@ step() {
         [[ $status == "FAIL (exit 124)" ]] && status="FAIL (timed out after ${limit}s)"
     fi
     RESULTS+=("| $name | $status | $((SECONDS - start)) | $(tail -n 1 "$STEP_LOGS/$name.log" | tr -d '|=' | sed 's/^ *//; s/ *$//') |")
-    report > "$OUT/h200.md"
+    report > "$OUT/$GPU_CHECK_NAME.md"
     [[ $status != FAIL* ]]
 }
 
@@ -144,12 +154,16 @@ print(\"lltm-cuda built with torch\", b.TORCH_VERSION, \"for torch\", \".\".join
       \"arch\", b.ARCH_LIST, \"with the CUDA toolkit at\", b.CUDA_HOME)"' \
         "$PYTHON" "${site_args[@]}" --no-build-isolation --no-deps --no-index . ./backends/lltm_ref "$(cuda_dist)" \
         || return 1
-    step persistent-vs-cudnn 100 "$PYTHON" benchmarks/persistent_vs_cudnn.py \
+    step persistent-vs-cudnn 120 "$PYTHON" benchmarks/persistent_vs_cudnn.py \
         --markdown "$STEP_LOGS/bench_persistent.md" || true
     # The persistent path forced: every kit case it takes (not float64, nor S1031, whose W_h does not fit).
     LLTM_CUDA_SEQUENCE=persistent step kit-persistent 90 "$PYTHON" -m pytest -p no:cacheprovider -q -rs \
         --pyargs lltm_core.testing --lltm-backend cuda --lltm-device cuda --lltm-seed "$LLTM_SEED" \
         --lltm-dtype float32 --lltm-dtype float16 --lltm-dtype bfloat16 -k "not S1031 and not float64" || true
+    # The grid path forced: every kit case but float64's (its S1031 runs: a block holds its rows of W_h).
+    LLTM_CUDA_SEQUENCE=grid step kit-grid 75 "$PYTHON" -m pytest -p no:cacheprovider -q -rs \
+        --pyargs lltm_core.testing --lltm-backend cuda --lltm-device cuda --lltm-seed "$LLTM_SEED" \
+        --lltm-dtype float32 --lltm-dtype float16 --lltm-dtype bfloat16 -k "not float64" || true
     step conformance-kit 150 "$PYTHON" -m pytest -p no:cacheprovider -q -rs --pyargs lltm_core.testing \
         --lltm-backend cuda --lltm-device cuda --lltm-seed "$LLTM_SEED" \
         --lltm-dtype float32 --lltm-dtype float64 --lltm-dtype float16 --lltm-dtype bfloat16 || true
@@ -295,6 +309,6 @@ report() {
 
 status=0
 checks || status=$?
-report | tee "$OUT/h200.md"
+report | tee "$OUT/$GPU_CHECK_NAME.md"
 echo "gpu_check.sh: exit $status; log and report in $OUT"
 exit "$status"

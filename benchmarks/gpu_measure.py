@@ -1,8 +1,11 @@
 """What bench_gpu.py (lltm-cuda) and bench_triton.py (lltm-triton) share: device time per call on
 lltm_core.benchmarking's interleaved rounds, the sequence's inputs and its agreement with lltm-ref
-in float64, whether nn.LSTM ran cuDNN, and the report's verdicts and summary line."""
+in float64, whether nn.LSTM ran cuDNN, and the report's verdicts and summary line; and, for
+persistent_vs_cudnn.py and profile_gpu.py, a call on a forced lltm-cuda sequence path."""
 
 from __future__ import annotations
+
+import os
 
 import torch
 
@@ -38,6 +41,20 @@ def device_ms(fns: dict, rounds: int = 10, calls: int = 10) -> dict:
     timings = interleaved({name: device_time(fn, calls) for name, fn in fns.items()}, calls=1, rounds=rounds,
                           warmup=1)
     return {name: timings.median(name) * 1e3 for name in fns}
+
+
+def on_path(path: str, fn):
+    """``fn`` run with lltm-cuda's sequence path forced to ``path`` (LLTM_CUDA_SEQUENCE: persistent,
+    grid or per-step; the library reads it at each call), the variable unset again after."""
+
+    def forced():
+        os.environ["LLTM_CUDA_SEQUENCE"] = path
+        try:
+            return fn()
+        finally:
+            del os.environ["LLTM_CUDA_SEQUENCE"]
+
+    return forced
 
 
 def sequence_inputs(size, dtype):

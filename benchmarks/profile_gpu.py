@@ -10,7 +10,9 @@ short kernels may not boost).  Run from the repository root on a CUDA machine::
     python benchmarks/profile_gpu.py [--sizes small large] [--dtypes float32 bfloat16] [--top 6] [--traces DIR]
 
 --traces DIR also writes each profile as a Chrome trace (open it in Perfetto), one file per size,
-dtype and candidate.
+dtype and candidate.  At the large size, where W_h does not fit a cluster and the default is per
+step, lltm-cuda's grid path (LLTM_CUDA_SEQUENCE=grid) is profiled too: one kernel a call for its time
+loop, however long the sequence.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from pathlib import Path
 import torch
 
 import lltm_core
+from gpu_measure import on_path
 from lltm_core.testing import make_sequence_inputs
 
 SIZES = {"small": (64, 16, 32, 128), "large": (64, 256, 1024, 1024)}  # (T, B, I, S), bench_gpu.py's
@@ -106,6 +109,11 @@ def main() -> int:
                 "lltm-cuda forward": lambda: lltm_core.lltm_sequence(x, w, b, h0, c0, backend="cuda"),
                 "lltm-cuda fwd+bwd": lambda: torch.autograd.backward(
                     lltm_core.lltm_sequence(x, w, b, h0, c0, backend="cuda")[0], grad_out),
+                **({"lltm-cuda grid forward": on_path("grid", lambda: lltm_core.lltm_sequence(
+                        x, w, b, h0, c0, backend="cuda")),
+                    "lltm-cuda grid fwd+bwd": on_path("grid", lambda: torch.autograd.backward(
+                        lltm_core.lltm_sequence(x, w, b, h0, c0, backend="cuda")[0], grad_out)),
+                    } if size_name == "large" else {}),
                 "nn.LSTM forward": lambda: lstm(x, (h0[None], c0[None])),
                 "nn.LSTM fwd+bwd": lambda: torch.autograd.backward(lstm(x, (h0[None], c0[None]))[0], grad_out),
             }

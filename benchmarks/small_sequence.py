@@ -1,6 +1,7 @@
-"""A small sequence through lltm-cuda's persistent path, forward and backward, over clusters of 1, 2
-and 8 blocks, checked against lltm-ref: the payload of gpu_check.sh's compute-sanitizer steps
-(racecheck, synccheck), small so that the instrumented run takes seconds.
+"""A small sequence through lltm-cuda's persistent paths, forward and backward, over clusters of 1, 2
+and 8 blocks and over the cooperative grid (LLTM_CUDA_SEQUENCE=grid), checked against lltm-ref: the
+payload of gpu_check.sh's compute-sanitizer steps (racecheck, synccheck), small so that the
+instrumented run takes seconds.
 
     compute-sanitizer --tool racecheck python benchmarks/small_sequence.py
 
@@ -22,9 +23,9 @@ def main() -> int:
     import lltm_core
     from lltm_core.testing import make_sequence_inputs, max_rel_error, tolerance
 
-    os.environ["LLTM_CUDA_SEQUENCE"] = "persistent"
     worst = 0.0
-    for cluster in ("1", "2", "8"):
+    for path, cluster in (("persistent", "1"), ("persistent", "2"), ("persistent", "8"), ("grid", "0")):
+        os.environ["LLTM_CUDA_SEQUENCE"] = path
         os.environ["LLTM_CUDA_CLUSTER"] = cluster
         inputs = make_sequence_inputs(5, 3, 4, 13, device="cuda")
         lengths = torch.tensor([5, 2, 4], device="cuda")
@@ -40,7 +41,8 @@ def main() -> int:
                 worst = max(worst, max_rel_error(g.detach(), w.detach()))
             for t in inputs:
                 t.grad = None
-    print(f"small_sequence.py: clusters 1, 2, 8, worst relative error {worst:.2e} (bound {tolerance(torch.float32)})")
+    print(f"small_sequence.py: clusters 1, 2, 8 and the grid, worst relative error {worst:.2e} "
+          f"(bound {tolerance(torch.float32)})")
     return 0 if worst <= tolerance(torch.float32) else 1
 
 
