@@ -196,6 +196,8 @@ Buffer buffer(const T* p) {
   return {p, int(sizeof(T))};
 }
 
+inline Buffer buffer(const Tensor& t) { return {t.const_data_ptr(), int(t.element_size())}; }
+
 // Whether a pointwise kernel over rows of state_size elements may move 16 bytes of scalar_t,
 // VEC = 16 / sizeof(scalar_t) elements, at a time: S a multiple of VEC (so a vector never crosses
 // a row) and every buffer aligned to the VEC of ITS elements (Vec<float, 8>, 32 bytes, for the

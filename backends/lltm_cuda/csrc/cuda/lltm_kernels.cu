@@ -112,13 +112,10 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> lltm_forward_cuda(
   LLTM_CUDA_DISPATCH_FLOATING(gates.scalar_type(), "lltm_cuda::forward", [&] {
     launch_pointwise<scalar_t>(
         numel, state_size,
-        {buffer(gates.const_data_ptr<scalar_t>()), buffer(old_cell.const_data_ptr<scalar_t>()),
-         buffer(new_h.const_data_ptr<scalar_t>()), buffer(new_cell.const_data_ptr<scalar_t>()),
-         buffer(tanh_cell.const_data_ptr<scalar_t>())},
+        {buffer(gates), buffer(old_cell), buffer(new_h), buffer(new_cell), buffer(tanh_cell)},
         [&](auto vec) {
-          constexpr int VEC = decltype(vec)::value;
-          const auto kernel = lltm_forward_kernel<scalar_t, VEC>;
-          rt::launch(kernel, grid_size(kernel, numel / VEC, input.get_device()), rt::threads_per_block(), stream,
+          const auto kernel = lltm_forward_kernel<scalar_t, decltype(vec)::value>;
+          rt::launch(kernel, grid_size(kernel, numel / vec, input.get_device()), rt::threads_per_block(), stream,
                      gates.const_data_ptr<scalar_t>(), old_cell.const_data_ptr<scalar_t>(),
                      new_h.mutable_data_ptr<scalar_t>(), new_cell.mutable_data_ptr<scalar_t>(),
                      tanh_cell.mutable_data_ptr<scalar_t>(), numel, state_size);
@@ -159,13 +156,10 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> lltm_backward_cuda(
   LLTM_CUDA_DISPATCH_FLOATING(gates.scalar_type(), "lltm_cuda::backward", [&] {
     launch_pointwise<scalar_t>(
         numel, state_size,
-        {buffer(grad_h.const_data_ptr<scalar_t>()), buffer(grad_cell.const_data_ptr<scalar_t>()),
-         buffer(gates.const_data_ptr<scalar_t>()), buffer(tanh_cell.const_data_ptr<scalar_t>()),
-         buffer(d_gates.const_data_ptr<scalar_t>()), buffer(grad_old_cell.const_data_ptr<scalar_t>())},
+        {buffer(grad_h), buffer(grad_cell), buffer(gates), buffer(tanh_cell), buffer(d_gates), buffer(grad_old_cell)},
         [&](auto vec) {
-          constexpr int VEC = decltype(vec)::value;
-          const auto kernel = lltm_backward_kernel<scalar_t, VEC>;
-          rt::launch(kernel, grid_size(kernel, numel / VEC, gates.get_device()), rt::threads_per_block(), stream,
+          const auto kernel = lltm_backward_kernel<scalar_t, decltype(vec)::value>;
+          rt::launch(kernel, grid_size(kernel, numel / vec, gates.get_device()), rt::threads_per_block(), stream,
                      grad_h.const_data_ptr<scalar_t>(), grad_cell.const_data_ptr<scalar_t>(),
                      gates.const_data_ptr<scalar_t>(), tanh_cell.const_data_ptr<scalar_t>(),
                      d_gates.mutable_data_ptr<scalar_t>(), grad_old_cell.mutable_data_ptr<scalar_t>(), numel,

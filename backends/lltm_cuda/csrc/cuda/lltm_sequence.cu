@@ -213,12 +213,10 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> lltm_sequence_forward_cuda(
       scalar_t* const tanh_cell_base = needs_backward ? tanh_cell.mutable_data_ptr<scalar_t>() : nullptr;
       launch_pointwise<scalar_t>(
           numel, S,
-          {buffer(gates.const_data_ptr<scalar_t>()), buffer(output.const_data_ptr<scalar_t>()),
-           buffer<scalar_t>(tanh_cell_base), buffer(h.const_data_ptr<scalar_t>()), buffer(cell.const_data_ptr<opmath_t>())},
+          {buffer(gates), buffer(output), buffer<scalar_t>(tanh_cell_base), buffer(h), buffer(cell)},
           [&](auto vec) {
-            constexpr int VEC = decltype(vec)::value;
-            const auto kernel = sequence_forward_step_kernel<scalar_t, VEC>;
-            const int64_t blocks = grid_size(kernel, numel / VEC, input.get_device());  // once, not per step
+            const auto kernel = sequence_forward_step_kernel<scalar_t, decltype(vec)::value>;
+            const int64_t blocks = grid_size(kernel, numel / vec, input.get_device());  // once, not per step
             int64_t chunk_first = 0;  // the step whose gates sit at gates[0]
             for (int64_t k = 0; k < T; ++k) {
               const int64_t t = reverse ? T - 1 - k : k;
@@ -288,13 +286,10 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> lltm_sequence_backward_cuda(
       using opmath_t = opmath_type<scalar_t>;
       launch_pointwise<scalar_t>(
           numel, S,
-          {buffer(grad_output.const_data_ptr<scalar_t>()), buffer(gates.const_data_ptr<scalar_t>()),
-           buffer(tanh_cell.const_data_ptr<scalar_t>()), buffer(grad_h.const_data_ptr<scalar_t>()),
-           buffer(grad_cell.const_data_ptr<opmath_t>()), buffer(d_gates.const_data_ptr<scalar_t>())},
+          {buffer(grad_output), buffer(gates), buffer(tanh_cell), buffer(grad_h), buffer(grad_cell), buffer(d_gates)},
           [&](auto vec) {
-            constexpr int VEC = decltype(vec)::value;
-            const auto kernel = sequence_backward_step_kernel<scalar_t, VEC>;
-            const int64_t blocks = grid_size(kernel, numel / VEC, input.get_device());
+            const auto kernel = sequence_backward_step_kernel<scalar_t, decltype(vec)::value>;
+            const int64_t blocks = grid_size(kernel, numel / vec, input.get_device());
             for (int64_t k = 0; k < T; ++k) {
               const int64_t t = reverse ? k : T - 1 - k;  // the forward's steps, last first
               const Tensor step_d_gates = ops::select0(d_gates, t);

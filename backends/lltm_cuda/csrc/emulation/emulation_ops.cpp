@@ -37,7 +37,7 @@ int64_t vector_width(ScalarType dtype, int64_t state_size, std::vector<Tensor> b
   LLTM_CUDA_DISPATCH_FLOATING(dtype, "lltm_cuda_emulation::vector_width", [&] {
     std::vector<Buffer> list;
     for (const Tensor& t : buffers) {
-      list.push_back({t.const_data_ptr(), int(t.element_size())});
+      list.push_back(buffer(t));
     }
     launch_pointwise<scalar_t>(1, state_size, list, [&](auto vec) { width = decltype(vec)::value; });
   });

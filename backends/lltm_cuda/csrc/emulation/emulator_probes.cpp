@@ -191,15 +191,22 @@ Tensor resume_order(Tensor like, int64_t threads) {
 
 }  // namespace
 
+// The probes' schemas, beside emulation_ops.cpp's operators in the same namespace.
+constexpr const char* kProbeSchemas[] = {
+    "probe_block_sum(Tensor x, int threads, bool barriers) -> Tensor",
+    "probe_warp(Tensor x, int threads) -> Tensor",
+    "probe_atomic(Tensor x, int threads) -> Tensor",
+    "probe_cluster(Tensor x, int threads, int cluster) -> (Tensor, Tensor)",
+    "probe_grid(Tensor x, int threads, bool barrier, bool cooperative=True) -> Tensor",
+    "probe_unwritten_shared(Tensor like, int dynamic_bytes) -> Tensor",
+    "probe_skipped_barrier(int threads, int cluster, bool grid=False) -> ()",
+    "probe_resume_order(Tensor like, int threads) -> Tensor",
+};
+
 STABLE_TORCH_LIBRARY_FRAGMENT(lltm_cuda_emulation, m) {
-  m.def("probe_block_sum(Tensor x, int threads, bool barriers) -> Tensor");
-  m.def("probe_warp(Tensor x, int threads) -> Tensor");
-  m.def("probe_atomic(Tensor x, int threads) -> Tensor");
-  m.def("probe_cluster(Tensor x, int threads, int cluster) -> (Tensor, Tensor)");
-  m.def("probe_grid(Tensor x, int threads, bool barrier, bool cooperative=True) -> Tensor");
-  m.def("probe_unwritten_shared(Tensor like, int dynamic_bytes) -> Tensor");
-  m.def("probe_skipped_barrier(int threads, int cluster, bool grid=False) -> ()");
-  m.def("probe_resume_order(Tensor like, int threads) -> Tensor");
+  for (const char* schema : kProbeSchemas) {
+    m.def(schema);
+  }
 }
 
 STABLE_TORCH_LIBRARY_IMPL(lltm_cuda_emulation, CompositeExplicitAutograd, m) {
