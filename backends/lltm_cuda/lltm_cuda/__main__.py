@@ -4,7 +4,8 @@ Prints nothing else, so a build script can take it as it is:
 ``LLTM_CUDA_LIBRARY=$(python -m lltm_cuda --library)``.
 
 ``python -m lltm_cuda --explain T,B,I,S [--dtype float32] [--device 0]``: which sequence path such
-a call takes (persistent, over how many blocks, or per step) and why.
+a call takes (persistent over a cluster of how many blocks, the cooperative grid when
+LLTM_CUDA_SEQUENCE=grid forces it, or per step) and why.
 """
 
 from __future__ import annotations

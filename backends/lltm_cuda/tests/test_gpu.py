@@ -199,11 +199,7 @@ def _sequence(*inputs, backend=BACKEND, **kwargs):
     return lltm_core.lltm_sequence(*inputs, backend=backend, **kwargs)
 
 
-@pytest.mark.parametrize("reverse", [False, True], ids=["forward", "reverse"])
-@pytest.mark.parametrize("with_lengths", [False, True], ids=["full", "lengths"])
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("shape", SEQUENCE_SHAPES, ids=lambda s: "T{}-B{}-I{}-S{}".format(*s))
-def test_sequence_matches_ref(dtype, shape, with_lengths, reverse):
+def _matches_ref(dtype, shape, with_lengths, reverse):
     """Outputs and all five gradients against lltm-ref's sequence on CUDA in float64, on the same inputs."""
     T, B, I, S = shape
     inputs = make_sequence_inputs(T, B, I, S, dtype=dtype, device=DEVICE)
@@ -217,6 +213,27 @@ def test_sequence_matches_ref(dtype, shape, with_lengths, reverse):
     names = ("output", "h_n", "c_n", "grad_input", "grad_weights", "grad_bias", "grad_h0", "grad_c0")
     errors = {n: max_rel_error(g, w) for n, g, w in zip(names, (*got, *grads), (*want, *want_grads))}
     assert max(errors.values()) <= tolerance(dtype), errors
+
+
+@pytest.mark.parametrize("reverse", [False, True], ids=["forward", "reverse"])
+@pytest.mark.parametrize("with_lengths", [False, True], ids=["full", "lengths"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", SEQUENCE_SHAPES, ids=lambda s: "T{}-B{}-I{}-S{}".format(*s))
+def test_sequence_matches_ref(dtype, shape, with_lengths, reverse):
+    _matches_ref(dtype, shape, with_lengths, reverse)
+
+
+@pytest.mark.parametrize("reverse", [False, True], ids=["forward", "reverse"])
+@pytest.mark.parametrize("with_lengths", [False, True], ids=["full", "lengths"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+def test_grid_sequence_matches_ref(monkeypatch, dtype, with_lengths, reverse):
+    """The grid path (LLTM_CUDA_SEQUENCE=grid) over as many blocks as the device has multiprocessors
+    (up to S = 200: on an H100 132 blocks of one or two units, all resident and exchanging h through
+    global memory each step), outputs and gradients against lltm-ref in float64."""
+    monkeypatch.setenv("LLTM_CUDA_SEQUENCE", "grid")
+    path, blocks, why = lltm_cuda.sequence_path(dtype, 9, 200)
+    assert path == "grid" and 1 < blocks <= 200, why
+    _matches_ref(dtype, (5, 9, 7, 200), with_lengths, reverse)
 
 
 @pytest.mark.parametrize("reverse", [False, True], ids=["forward", "reverse"])
