@@ -1,10 +1,11 @@
 // The persistent sequence kernels: the LLTM's time loop in one launch (forward, and backward), for
 // float32, bfloat16 and float16 with float32 accumulation.
 //
-// The cluster path: a thread-block cluster of C blocks splits the S hidden units: block r owns units [u0, u0 + n) and
-// keeps their rows of W_h (all three gates: 3n rows of S) in shared memory for the whole loop, so
-// each step's gates and cell are block-local.  The input projection (all steps, bias folded in) is
-// one GEMM before the launch, and the weight and input gradients stay GEMMs after the backward.
+// The cluster path: a thread-block cluster of C blocks splits the S hidden units: block r owns
+// units [u0, u0 + n) and keeps their rows of W_h (all three gates: 3n rows of S) in shared memory
+// for the whole loop, so each step's gates and cell are block-local.  The input projection (all
+// steps, bias folded in) is one GEMM before the launch, and the weight and input gradients stay
+// GEMMs after the backward.
 //   forward step:  each block holds the whole h_{t-1} (B, S); it computes its units' gates and cell,
 //                  and writes its slice of h_t into every block's next h buffer through distributed
 //                  shared memory; one cluster barrier a step.  h is double-buffered: a block writes
@@ -91,9 +92,8 @@ struct BlockRows {
 template <typename scalar_t>
 __device__ __forceinline__ BlockRows<scalar_t> load_w_h(const scalar_t* weights, int64_t ld, int64_t state_size,
                                                         Units units, unsigned blocks) {
-  const BlockRows<scalar_t> rows{rt::dynamic_shared<scalar_t>(), max_units(state_size, blocks),
-                                 w_row_stride(state_size, sizeof(scalar_t))};
   scalar_t* const w_s = rt::dynamic_shared<scalar_t>();
+  const BlockRows<scalar_t> rows{w_s, max_units(state_size, blocks), w_row_stride(state_size, sizeof(scalar_t))};
   const int64_t total = 3 * units.count * state_size;
   for (int64_t i = threadIdx.x; i < total; i += blockDim.x) {
     const int64_t gate = i / (units.count * state_size), unit = i / state_size % units.count, k = i % state_size;
@@ -160,9 +160,9 @@ __device__ __forceinline__ scalar_t forward_unit(const ForwardParams<scalar_t>& 
 }
 
 // The blocks that share a time loop, and how they hand each other h.  A team gives rank() and
-// blocks(), sync() (the barrier a step ends with) and, over `buffers` h buffers of (B, S):
-// start(h) (h_{k_begin-1} into buffer 0, before the first sync), buffer(i) (to read) and
-// publish(i, at, value) (element `at` of buffer i, for every block).
+// blocks(), sync() (the barrier a step ends with) and, over its two h buffers of (B, S): start(h)
+// (h_{k_begin-1} into buffer 0, before the first sync), buffer(i) (to read) and publish(i, at,
+// value) (element `at` of buffer i, for every block).
 //
 // The cluster path: the blocks of one cluster, each holding the whole h in its shared memory after
 // W_h's rows; a block writes its units' h into every peer's buffer (distributed shared memory).
