@@ -136,7 +136,7 @@ inline const char* describe(Wait w) {
 
 struct Fiber {
   Context context;
-  int block = 0;        // its block among the blocks live together (the cluster's rank without a cooperative grid)
+  int block = 0;        // its block among those live together (its cluster rank, in a cluster)
   unsigned thread = 0;  // threadIdx.x
   dim3 block_index;     // blockIdx
   Wait wait = Wait::kNone;
