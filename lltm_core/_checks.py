@@ -18,28 +18,46 @@ def check_lltm_args(input, weights, bias, old_h, old_cell) -> None:
     pytorch/extension-cpp's lltm takes it), old_h (B, S), old_cell (B, S); one
     floating dtype and one device for all five.
     """
+    if not lltm_args_valid(input, weights, bias, old_h, old_cell):
+        _raise_for(input, weights, bias, old_h, old_cell)
+
+
+def lltm_args_valid(input, weights, bias, old_h, old_cell) -> bool:
+    """Whether :func:`check_lltm_args` passes, without building any message: the check of every call."""
     # One expression for the common, valid case: at the seed's size a call is
     # tens of microseconds, and the loop that builds good messages costs a few.
     T = torch.Tensor
     try:
         B, I = input.shape
         _, S = old_h.shape
-        dtype, device = input.dtype, input.device
-        valid = (
+        dtype = input.dtype
+        return (
             weights.shape == (3 * S, S + I) and (bias.shape == (3 * S,) or bias.shape == (1, 3 * S))
             and old_h.shape[0] == B and old_cell.shape == (B, S)
             and dtype.is_floating_point  # dtypes are singletons: `is` compares them cheapest
             and weights.dtype is dtype and bias.dtype is dtype and old_h.dtype is dtype and old_cell.dtype is dtype
-            and weights.device == device and bias.device == device
-            and old_h.device == device and old_cell.device == device
+            and _same_device(input, weights, bias, old_h, old_cell)
             # last: the duck-typed reads above do not prove these are tensors
             and isinstance(input, T) and isinstance(weights, T) and isinstance(bias, T)
             and isinstance(old_h, T) and isinstance(old_cell, T)
         )
     except (AttributeError, TypeError, ValueError):  # not tensors, or wrong ranks
-        valid = False
-    if not valid:
-        _raise_for(input, weights, bias, old_h, old_cell)
+        return False
+
+
+def _same_device(first, *others) -> bool:
+    """Whether all these tensors are on ``first``'s device.  ``.device`` builds an object on every read:
+    on the CPU (the commonest case) ``is_cpu`` answers for a fraction of the cost."""
+    if first.is_cpu:
+        for t in others:
+            if not t.is_cpu:
+                return False
+        return True
+    device = first.device
+    for t in others:
+        if t.device != device:
+            return False
+    return True
 
 
 def _raise_for(input, weights, bias, old_h, old_cell) -> None:
