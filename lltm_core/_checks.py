@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import torch
 
 NAMES = ("input", "weights", "bias", "old_h", "old_cell")
@@ -232,12 +234,20 @@ def check_sequence_args(input, weights, bias, h0, c0, lengths, reverse, *, check
                   f"input of shape {_shape(input)} (time={T}, batch={B}, input_features={I}) and state_size={S} "
                   f"(from h0)")
     _check_dtypes_and_devices(caller, zip(SEQUENCE_NAMES, args))
-    if not isinstance(reverse, bool):
-        kind = type(reverse)  # numpy's bool is called bool too: name its module
+    if not (isinstance(reverse, bool) or is_numpy_bool(reverse)):
+        kind = type(reverse)  # a type from elsewhere may be called like a builtin one: name its module
         named = kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
-        raise TypeError(f"{caller}: reverse must be a bool, got {named} {reverse!r} (pass bool(reverse))")
+        raise TypeError(f"{caller}: reverse must be a bool (Python's or numpy's), got {named} {reverse!r} "
+                        f"(pass bool(reverse) if you mean its truth value)")
     if lengths is not None:
         check_lengths(caller, lengths, T, B, check_values=check_values)
+
+
+def is_numpy_bool(value) -> bool:
+    """Whether ``value`` is numpy's bool (configuration read from numpy arrives as one), without importing numpy:
+    if numpy is not imported, nothing can be one of its values."""
+    numpy = sys.modules.get("numpy")
+    return numpy is not None and isinstance(value, numpy.bool_)
 
 
 def check_lengths(caller: str, lengths, T: int, B: int, *, check_values: bool = True) -> None:
