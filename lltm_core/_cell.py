@@ -7,7 +7,7 @@ import math
 import torch
 
 from . import _ops, _registry
-from ._checks import TorchSizeNames, ZeroBias, check_lltm_args, check_module_call, layer_sizes
+from ._checks import TorchSizeNames, ZeroBias, check_lltm_args, check_module_call, layer_sizes, lltm_args_valid
 from ._ops import CELL
 from .backend import Backend
 
@@ -24,6 +24,11 @@ def lltm(input, weights, bias, old_h, old_cell, *, backend: str | Backend | None
     device and dtype is chosen (see ``lltm_core._registry.select``).
     """
     check_lltm_args(input, weights, bias, old_h, old_cell)
+    return _step(input, weights, bias, old_h, old_cell, backend)
+
+
+def _step(input, weights, bias, old_h, old_cell, backend):
+    """:func:`lltm` once its arguments have passed :func:`lltm_args_valid` (the module's call checks them once)."""
     if bias.dim() != 1:  # (1, 3S), as pytorch/extension-cpp passes it; autograd reshapes its gradient back
         bias = bias.view(-1)
     tensors = (input.contiguous(), weights.contiguous(), bias.contiguous(), old_h.contiguous(), old_cell.contiguous())
@@ -85,11 +90,19 @@ class LLTM(TorchSizeNames, ZeroBias, torch.nn.Module):
             torch.nn.init.uniform_(p, -bound, bound)
 
     def forward(self, input, hx=None, *, state=None):
+        weights, bias = self._weights_and_bias()
+        if state is None and hx.__class__ is tuple and len(hx) == 2:
+            # The commonest call, a batch and its (h, c): one check of all five tensors, the one lltm()
+            # makes; any call it does not pass takes the path below, which finds what is wrong and says it
+            # in the module's words.  See benchmarks/results/core_overhead.md for what the checks cost.
+            h, c = hx
+            if (lltm_args_valid(input, weights, bias, h, c) and input.shape[1] == self.input_features
+                    and h.shape[1] == self.state_size):
+                return _step(input, weights, bias, h, c, self.backend)
         if state is not None:  # the name forward's state had before it took nn.LSTMCell's
             if hx is not None:
                 raise TypeError("LLTM.forward(): give the state once, as hx (state= is its older name)")
             hx = state
-        bias = self.bias if self.bias is not None else self._zero_bias
         unbatched = isinstance(input, torch.Tensor) and input.dim() == 1
         if unbatched:
             input = input.unsqueeze(0)
@@ -102,11 +115,25 @@ class LLTM(TorchSizeNames, ZeroBias, torch.nn.Module):
             old_h = old_cell = zeros
         else:
             old_h, old_cell = self._check_state(hx, input.shape[0], unbatched)
-        check_module_call(self, input, self.weights, "hx", old_h, old_cell)
-        new_h, new_cell = lltm(input, self.weights, bias, old_h, old_cell, backend=self.backend)
+        check_module_call(self, input, weights, "hx", old_h, old_cell)
+        new_h, new_cell = lltm(input, weights, bias, old_h, old_cell, backend=self.backend)
         if unbatched:
             return new_h.squeeze(0), new_cell.squeeze(0)
         return new_h, new_cell
+
+    def _weights_and_bias(self):
+        """(weights, bias or the zero buffer), read from the module's dicts: nn.Module.__getattr__ costs
+        several times a dict lookup on every read.  A name that torch.nn.utils.parametrize has made a
+        property is in neither dict, and getattr computes it."""
+        weights = self._parameters.get("weights")
+        if weights is None:
+            weights = self.weights
+        bias = self._parameters.get("bias")
+        if bias is None:
+            bias = self._buffers.get("_zero_bias")
+            if bias is None:
+                bias = self.bias if self.bias is not None else self._zero_bias
+        return weights, bias
 
     def _check_state(self, hx, batch: int, unbatched: bool):
         """(h, c) as lltm() takes them; a wrong shape is blamed on the state, never on the module's weights."""

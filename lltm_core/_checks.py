@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import torch
 
 NAMES = ("input", "weights", "bias", "old_h", "old_cell")
@@ -18,28 +20,46 @@ def check_lltm_args(input, weights, bias, old_h, old_cell) -> None:
     pytorch/extension-cpp's lltm takes it), old_h (B, S), old_cell (B, S); one
     floating dtype and one device for all five.
     """
+    if not lltm_args_valid(input, weights, bias, old_h, old_cell):
+        _raise_for(input, weights, bias, old_h, old_cell)
+
+
+def lltm_args_valid(input, weights, bias, old_h, old_cell) -> bool:
+    """Whether :func:`check_lltm_args` passes, without building any message: the check of every call."""
     # One expression for the common, valid case: at the seed's size a call is
     # tens of microseconds, and the loop that builds good messages costs a few.
     T = torch.Tensor
     try:
         B, I = input.shape
         _, S = old_h.shape
-        dtype, device = input.dtype, input.device
-        valid = (
+        dtype = input.dtype
+        return (
             weights.shape == (3 * S, S + I) and (bias.shape == (3 * S,) or bias.shape == (1, 3 * S))
             and old_h.shape[0] == B and old_cell.shape == (B, S)
             and dtype.is_floating_point  # dtypes are singletons: `is` compares them cheapest
             and weights.dtype is dtype and bias.dtype is dtype and old_h.dtype is dtype and old_cell.dtype is dtype
-            and weights.device == device and bias.device == device
-            and old_h.device == device and old_cell.device == device
+            and _same_device(input, weights, bias, old_h, old_cell)
             # last: the duck-typed reads above do not prove these are tensors
             and isinstance(input, T) and isinstance(weights, T) and isinstance(bias, T)
             and isinstance(old_h, T) and isinstance(old_cell, T)
         )
     except (AttributeError, TypeError, ValueError):  # not tensors, or wrong ranks
-        valid = False
-    if not valid:
-        _raise_for(input, weights, bias, old_h, old_cell)
+        return False
+
+
+def _same_device(first, *others) -> bool:
+    """Whether all these tensors are on ``first``'s device.  ``.device`` builds an object on every read:
+    on the CPU (the commonest case) ``is_cpu`` answers for a fraction of the cost."""
+    if first.is_cpu:
+        for t in others:
+            if not t.is_cpu:
+                return False
+        return True
+    device = first.device
+    for t in others:
+        if t.device != device:
+            return False
+    return True
 
 
 def _raise_for(input, weights, bias, old_h, old_cell) -> None:
@@ -214,12 +234,20 @@ def check_sequence_args(input, weights, bias, h0, c0, lengths, reverse, *, check
                   f"input of shape {_shape(input)} (time={T}, batch={B}, input_features={I}) and state_size={S} "
                   f"(from h0)")
     _check_dtypes_and_devices(caller, zip(SEQUENCE_NAMES, args))
-    if not isinstance(reverse, bool):
-        kind = type(reverse)  # numpy's bool is called bool too: name its module
+    if not (isinstance(reverse, bool) or is_numpy_bool(reverse)):
+        kind = type(reverse)  # a type from elsewhere may be called like a builtin one: name its module
         named = kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
-        raise TypeError(f"{caller}: reverse must be a bool, got {named} {reverse!r} (pass bool(reverse))")
+        raise TypeError(f"{caller}: reverse must be a bool (Python's or numpy's), got {named} {reverse!r} "
+                        f"(pass bool(reverse) if you mean its truth value)")
     if lengths is not None:
         check_lengths(caller, lengths, T, B, check_values=check_values)
+
+
+def is_numpy_bool(value) -> bool:
+    """Whether ``value`` is numpy's bool (configuration read from numpy arrives as one), without importing numpy:
+    if numpy is not imported, nothing can be one of its values."""
+    numpy = sys.modules.get("numpy")
+    return numpy is not None and isinstance(value, numpy.bool_)
 
 
 def check_lengths(caller: str, lengths, T: int, B: int, *, check_values: bool = True) -> None:

@@ -46,6 +46,8 @@ def lltm_sequence(input, weights, bias, h0, c0, *, lengths=None, reverse=False, 
     """
     compiling = torch.compiler.is_compiling()
     check_sequence_args(input, weights, bias, h0, c0, lengths, reverse, check_values=not compiling)
+    if reverse.__class__ is not bool:  # numpy's bool, which the check lets through: the kernels take Python's
+        reverse = bool(reverse)
     if bias.dim() == 2:  # (1, 3S), as pytorch/extension-cpp passes it; autograd reshapes its gradient back
         bias = bias.view(-1)
     if lengths is not None:

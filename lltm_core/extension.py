@@ -64,6 +64,17 @@ def unavailable_kernel(backend: str, reason: str):
     return kernel
 
 
+def operator_kernels(namespace: str, backend: str, unavailable: str | None) -> tuple:
+    """``(forward, backward, sequence_forward, sequence_backward)`` of a backend whose library defines the
+    contract's operators in ``torch.ops.<namespace>``: the operators themselves (no Python frame per call),
+    or, when ``unavailable`` says why the library cannot load, :func:`unavailable_kernel` in each place."""
+    if unavailable is not None:
+        kernel = unavailable_kernel(backend, unavailable)
+        return kernel, kernel, kernel, kernel
+    ops = getattr(torch.ops, namespace)
+    return ops.forward.default, ops.backward.default, ops.sequence_forward.default, ops.sequence_backward.default
+
+
 def torch_mismatch(built_for: str, distribution: str) -> str | None:
     """``None`` if the running torch is the one the extension was built for, else what to do."""
     running = torch.__version__

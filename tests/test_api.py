@@ -201,6 +201,22 @@ def test_a_compiled_backends_stand_in_kernel_says_why_it_cannot_run():
     assert torch_mismatch(torch.__version__, "lltm-cpu") is None
 
 
+def test_operator_kernels_are_the_namespaces_operators_or_stand_ins_that_say_why():
+    from lltm_core.extension import operator_kernels
+
+    kernels = operator_kernels("lltm_absent", "absent", "its library is damaged: reinstall it")
+    assert len(kernels) == 4
+    for kernel in kernels:
+        with pytest.raises(RuntimeError, match=r"'absent' is unavailable: its library is damaged: reinstall it"):
+            kernel(*make_inputs(2, 3, 4))
+    # A library that defines the contract's operators: lltm-cpu's, where it is installed.
+    if "cpu" not in lltm_core.available_backends():
+        pytest.skip("lltm-cpu is not installed and available here")
+    ops = torch.ops.lltm_cpu
+    assert operator_kernels("lltm_cpu", "cpu", None) == (
+        ops.forward.default, ops.backward.default, ops.sequence_forward.default, ops.sequence_backward.default)
+
+
 def test_the_module_names_the_callers_mistake():
     cell = lltm_core.LLTM(6, 5)
     h, c = torch.randn(3, 5), torch.randn(3, 5)

@@ -44,7 +44,7 @@ def _sequence_args(**replace):
     ({"lengths": torch.full((B, 1), 6)}, ValueError, r"lengths must be 1-D .* shape \(4,\), got shape \(4, 1\)"),
     ({"lengths": torch.tensor([6, 0, 3, 2])}, ValueError, r"lengths must lie in \[1, 6\] .* got values from 0 to 6"),
     ({"lengths": torch.tensor([7, 1, 3, 2])}, ValueError, r"lengths must lie in \[1, 6\] .* got values from 1 to 7"),
-    ({"reverse": 1}, TypeError, r"reverse must be a bool, got int"),
+    ({"reverse": 1}, TypeError, r"reverse must be a bool \(Python's or numpy's\), got int"),
 ], ids=["rank", "feature-width", "h0-batch", "c0-rank", "bias", "dtype-mix", "device-mix", "T0", "int-input",
         "lengths-list", "lengths-float", "lengths-2d", "lengths-zero", "lengths-past-T", "reverse"])
 def test_lltm_sequence_names_bad_arguments(replace, error, pattern):

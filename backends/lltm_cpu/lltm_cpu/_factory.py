@@ -24,18 +24,14 @@ def _register_fakes() -> None:
 def load_backend():
     from lltm_core.backend import Backend
 
-    from lltm_core.extension import unavailable_kernel
+    from lltm_core.extension import operator_kernels
 
     unavailable = _load_library()
+    # The registered operators themselves: no Python frame per call (its cost at the tutorial's size:
+    # benchmarks/results/cpu.md).
+    forward, backward, sequence_forward, sequence_backward = operator_kernels("lltm_cpu", "cpu", unavailable)
     if unavailable is None:
-        # The registered operators themselves: no Python frame per call (its
-        # cost at the tutorial's size: benchmarks/results/cpu.md).
-        ops = torch.ops.lltm_cpu
-        forward, backward = ops.forward.default, ops.backward.default
-        sequence_forward, sequence_backward = ops.sequence_forward.default, ops.sequence_backward.default
         _register_fakes()
-    else:
-        forward = backward = sequence_forward = sequence_backward = unavailable_kernel("cpu", unavailable)
     return Backend(
         name="cpu",
         forward=forward,

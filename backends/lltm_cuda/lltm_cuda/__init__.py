@@ -191,16 +191,11 @@ def sequence_path(dtype: torch.dtype, batch: int, state_size: int, device: int =
 
 def load_backend():
     from lltm_core.backend import Backend
-    from lltm_core.extension import unavailable_kernel
+    from lltm_core.extension import operator_kernels
 
     reason = unavailable_reason()
-    if reason is None:
-        # The registered C++ operators themselves: no Python frame per call.
-        ops = torch.ops.lltm_cuda
-        forward, backward = ops.forward.default, ops.backward.default
-        sequence_forward, sequence_backward = ops.sequence_forward.default, ops.sequence_backward.default
-    else:
-        forward = backward = sequence_forward = sequence_backward = unavailable_kernel("cuda", reason)
+    # The registered C++ operators themselves (no Python frame per call), or stand-ins that say why not.
+    forward, backward, sequence_forward, sequence_backward = operator_kernels("lltm_cuda", "cuda", reason)
     if EMULATED:
         name, devices, priority = "cuda_emulated", {"cpu"}, -1  # test-only: under lltm-ref (0), it runs when named
         description = (f"lltm-cuda's kernels compiled for the CPU, every GPU thread a fiber (test-only; "
