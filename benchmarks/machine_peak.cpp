@@ -5,8 +5,6 @@
 // bench_cpu_sequence.py calls only those the CPU has.  Built by bench_cpu_sequence.py as a shared
 // library and called through ctypes; it links nothing of torch.
 #include <immintrin.h>
-#include <sys/syscall.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -14,6 +12,10 @@
 #include <cstdint>
 #include <thread>
 #include <vector>
+
+#if defined(MACHINE_PEAK_AMX)
+#include "../backends/lltm_cpu/csrc/cpu/amx_tiles.h"  // the tiles as lltm-cpu configures them
+#endif
 
 namespace {
 
@@ -53,26 +55,13 @@ PEAK_KERNEL(dot_avx512_bf16, "avx512f,avx512bf16", __m512, __m512bh, _mm512_set1
             _mm512_reduce_add_ps, 32)
 
 #if defined(MACHINE_PEAK_AMX)
-struct alignas(64) TileConfig {
-  uint8_t palette = 1;
-  uint8_t start_row = 0;
-  uint8_t reserved[14] = {};
-  uint16_t bytes_per_row[16] = {};
-  uint8_t rows[16] = {};
-};
-
 // tdpbf16ps on 16 x 16 float tiles, 16 x 32 bfloat16 operands: 8192 multiply-adds each.  Four
 // accumulator tiles, two operand tiles, all from cache.
 __attribute__((target("amx-tile,amx-bf16"))) int64_t dot_amx_bf16(int64_t iterations) {
-  TileConfig config;
-  for (int tile = 0; tile < 8; ++tile) {
-    config.bytes_per_row[tile] = 64;
-    config.rows[tile] = 16;
-  }
   alignas(64) static thread_local uint16_t operand[16 * 32];
   alignas(64) static thread_local float result[16 * 16];
   for (auto& value : operand) value = 0x3a00;
-  _tile_loadconfig(&config);
+  lltm_cpu::amx_tiles::configure();
   _tile_zero(0);
   _tile_zero(1);
   _tile_zero(2);
@@ -91,11 +80,6 @@ __attribute__((target("amx-tile,amx-bf16"))) int64_t dot_amx_bf16(int64_t iterat
   return iterations * 4 * 8192;
 }
 
-// Linux lends a process the AMX tile state only when asked (ARCH_REQ_XCOMP_PERM).
-bool amx_granted() {
-  constexpr int kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
-  return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
-}
 #endif
 
 using Kernel = int64_t (*)(int64_t);
@@ -110,7 +94,7 @@ Kernel kernel_named(int which) {
       return dot_avx512_bf16;
 #if defined(MACHINE_PEAK_AMX)
     case 3:
-      return amx_granted() ? dot_amx_bf16 : nullptr;
+      return lltm_cpu::amx_tiles::request_permission() ? dot_amx_bf16 : nullptr;
 #endif
     default:
       return nullptr;

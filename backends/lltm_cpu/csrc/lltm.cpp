@@ -65,4 +65,14 @@ __attribute__((visibility("default"))) const char* lltm_cpu_settings_error() {
   }
 }
 
+// Why torch.use_deterministic_algorithms's flag cannot be read on this
+// torch, or "" where it can (cpu/kernel_common.h).
+__attribute__((visibility("default"))) const char* lltm_cpu_deterministic_flag_error() {
+  try {
+    return thread_copy(lltm_cpu::deterministic_flag_problem());
+  } catch (const std::exception& error) {
+    return thread_copy(error.what());
+  }
+}
+
 }  // extern "C"

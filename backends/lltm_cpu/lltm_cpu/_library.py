@@ -10,6 +10,7 @@ import functools
 import json
 import os
 import shutil
+import warnings
 from pathlib import Path
 
 import torch
@@ -147,7 +148,14 @@ def _load_library() -> str | None:
     # so once, here.
     path = _jit_library if os.environ.get("LLTM_CPU_JIT") == "1" else library_path()
     settings = _c_function("lltm_cpu_settings_error", path)().decode()
-    return settings or None
+    if settings:
+        return settings
+    # A torch that hides the deterministic flag from the library leaves the kernels usable, but
+    # torch.use_deterministic_algorithms would then change nothing in them: say so, once (this is cached).
+    flag = _c_function("lltm_cpu_deterministic_flag_error", path)().decode()
+    if flag:
+        warnings.warn(f"lltm_cpu: {flag}", RuntimeWarning, stacklevel=2)
+    return None
 
 
 def _load_built_library() -> str | None:

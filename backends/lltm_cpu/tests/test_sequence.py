@@ -865,6 +865,46 @@ print(json.dumps({"digest": digest.hexdigest(),
 """
 
 
+_FLAG_PROBE = """
+import json, warnings, torch, lltm_core, lltm_cpu
+from lltm_core.testing import make_sequence_inputs
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    lltm_cpu.gemm_routes()  # loads the library
+    lltm_cpu.gemm_routes()
+    lltm_cpu.load_backend()
+torch.use_deterministic_algorithms(True)
+torch.manual_seed(0)
+output, h_n, c_n = lltm_core.lltm_sequence(*make_sequence_inputs(12, 16, 32, 128), backend="cpu")
+print(json.dumps({"warnings": [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)],
+                  "finite": bool(output.isfinite().all()),
+                  "sources": sorted({r["source"] for r in lltm_cpu.gemm_routes()})}))
+"""
+
+
+@pytest.mark.parametrize("hidden", ["", "_ZNK2at7Context23deterministicAlgorithmsEv", "_ZN2at13globalContextEv"])
+def test_an_unreadable_deterministic_flag_warns_once(hidden):
+    """lltm-cpu reads torch.use_deterministic_algorithms's flag through two symbols of libtorch_cpu
+    (the stable ABI has no getter).  A torch without either (LLTM_CPU_TEST_MISSING_SYMBOLS hides it
+    here) must not leave the flag silently ignored: one RuntimeWarning as the library loads, naming
+    the symbol and the settings that fix the choice instead; the kernels still run.  With the
+    symbols found, no warning, and the flag fixes the choice."""
+    env = {k: v for k, v in os.environ.items() if k not in ("LLTM_CPU_GEMM", "LLTM_CPU_SPLIT")}
+    run = subprocess.run([sys.executable, "-c", _FLAG_PROBE], env={**env, "LLTM_CPU_TEST_MISSING_SYMBOLS": hidden},
+                         capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-3000:]
+    result = json.loads(run.stdout.splitlines()[-1])
+    assert result["finite"]
+    about_flag = [message for message in result["warnings"] if "use_deterministic_algorithms" in message]
+    if not hidden:
+        assert about_flag == [], result
+        assert "deterministic" in result["sources"], result
+        return
+    assert len(about_flag) == 1, result
+    assert hidden in about_flag[0] and "LLTM_CPU_GEMM=aten" in about_flag[0], about_flag
+    assert "deterministic" not in result["sources"], result  # the flag is indeed unseen
+
+
 def test_deterministic_algorithms_fix_the_choice_across_processes():
     """Under torch.use_deterministic_algorithms(True) nothing is timed: two processes whose timings
     disagree (LLTM_CPU_TEST_SLOW_ROUTES slows different routes and splits in each) choose the same

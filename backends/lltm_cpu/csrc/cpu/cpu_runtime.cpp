@@ -13,7 +13,22 @@ namespace detail {
 thread_local int parallel_depth = 0;
 }
 
+namespace {
+// LLTM_CPU_TEST_MISSING_SYMBOLS (tests only): a comma-separated list of
+// symbols find_symbol does not find, as on a torch that does not export them.
+bool hidden_for_tests(const char* name) {
+  static const std::string hidden = [] {
+    const char* env = std::getenv("LLTM_CPU_TEST_MISSING_SYMBOLS");
+    return env == nullptr ? std::string() : "," + std::string(env) + ",";
+  }();
+  return !hidden.empty() && hidden.find("," + std::string(name) + ",") != std::string::npos;
+}
+}  // namespace
+
 void* find_symbol(const char* name) {
+  if (hidden_for_tests(name)) {
+    return nullptr;
+  }
   // libtorch_cpu is loaded (this library links it), so RTLD_NOLOAD finds it
   // by soname; dlsym then searches it and what it loaded.  Python loads it
   // RTLD_LOCAL, so the global scope alone would not see its symbols.
@@ -37,20 +52,37 @@ namespace {
 using GlobalContext = void* (*)();
 using ContextFlag = bool (*)(const void*);  // a const member function: `this` comes first
 
+// at::globalContext() and at::Context::deterministicAlgorithms() const.
+constexpr const char* kGlobalContext = "_ZN2at13globalContextEv";
+constexpr const char* kDeterministicAlgorithms = "_ZNK2at7Context23deterministicAlgorithmsEv";
+
 struct DeterministicFlag {
   GlobalContext context = nullptr;
   ContextFlag read = nullptr;
 };
 
 const DeterministicFlag& deterministic_flag() {
-  static const DeterministicFlag flag{
-      reinterpret_cast<GlobalContext>(find_symbol("_ZN2at13globalContextEv")),
-      reinterpret_cast<ContextFlag>(find_symbol("_ZNK2at7Context23deterministicAlgorithmsEv"))};
+  static const DeterministicFlag flag{reinterpret_cast<GlobalContext>(find_symbol(kGlobalContext)),
+                                      reinterpret_cast<ContextFlag>(find_symbol(kDeterministicAlgorithms))};
   return flag;
 }
 }  // namespace
 
-bool deterministic_flag_readable() { return deterministic_flag().context && deterministic_flag().read; }
+std::string deterministic_flag_problem() {
+  const DeterministicFlag& flag = deterministic_flag();
+  if (flag.context != nullptr && flag.read != nullptr) {
+    return "";
+  }
+  const std::string missing = flag.context == nullptr && flag.read == nullptr ? std::string(kGlobalContext) + " and " +
+                                                                                    kDeterministicAlgorithms
+                              : flag.context == nullptr ? kGlobalContext
+                                                        : kDeterministicAlgorithms;
+  return "this torch does not export " + missing +
+         ", through which lltm-cpu reads torch.use_deterministic_algorithms(), so lltm-cpu cannot see that flag: "
+         "under it lltm-cpu still times its GEMM routes and time-loop split, and two processes may choose, and "
+         "round, differently.  For reproducible runs set LLTM_CPU_GEMM=aten and LLTM_CPU_SPLIT=rows, which fix "
+         "the choice without timing";
+}
 
 bool deterministic_algorithms() {
   const DeterministicFlag& flag = deterministic_flag();

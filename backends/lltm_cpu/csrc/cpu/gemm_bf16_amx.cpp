@@ -16,13 +16,12 @@
 
 #include <cpuid.h>
 #include <immintrin.h>
-#include <sys/syscall.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
 
+#include "amx_tiles.h"
 #include "gemm_bf16.h"
 
 namespace lltm_cpu {
@@ -30,16 +29,7 @@ namespace gemm_bf16 {
 namespace amx {
 namespace {
 
-constexpr int64_t kTile = 16;  // rows of every tile, float columns of a C tile
-
-// LDTILECFG's 64-byte operand (palette 1).
-struct alignas(64) TileConfig {
-  uint8_t palette = 1;
-  uint8_t start_row = 0;
-  uint8_t reserved[14] = {};
-  uint16_t bytes_per_row[16] = {};
-  uint8_t rows[16] = {};
-};
+constexpr int64_t kTile = amx_tiles::kTileRows;  // rows of every tile, float columns of a C tile
 
 // Claims the tiles for this thread (another library on it may have set
 // other shapes) and gives them back when done, so that the thread's saved
@@ -47,12 +37,7 @@ struct alignas(64) TileConfig {
 class Tiles {
  public:
   Tiles() {
-    TileConfig config;
-    for (int tile = 0; tile < 8; ++tile) {
-      config.bytes_per_row[tile] = 64;
-      config.rows[tile] = kTile;
-    }
-    _tile_loadconfig(&config);
+    amx_tiles::configure();
   }
   Tiles(const Tiles&) = delete;
   Tiles& operator=(const Tiles&) = delete;
@@ -118,10 +103,7 @@ bool usable() {
       return false;
     }
     const bool amx_bf16 = (edx >> 22) & 1, amx_tile = (edx >> 24) & 1;
-    // arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA): Linux 5.16 on; it
-    // fails where the kernel or the hypervisor does not hand out the tiles.
-    constexpr long kRequestPermission = 0x1023, kTileData = 18;
-    return amx_bf16 && amx_tile && syscall(SYS_arch_prctl, kRequestPermission, kTileData) == 0;
+    return amx_bf16 && amx_tile && amx_tiles::request_permission();
   }();
   return granted;
 }

@@ -23,32 +23,24 @@ namespace lltm_cpu {
 namespace gemm_f32 {
 namespace {
 
-// 4 rows x 3 blocks of 8: 12 accumulators of the 16 vector registers.
-struct Isa {
-  using Vec = __m256;
-  static constexpr int64_t kBlock = gemm_f32::kBlock;
-  static constexpr int64_t kRows = kTileRows;
-  static constexpr int64_t kBlocks = kTileColumns / kBlock;
-  // Rows of B per slice: 3 blocks x 256 x 4 bytes = 24 KiB.  Also where the L1
-  // is 32 KiB: there a 168-row slice missed L1 less often but ran the
-  // as-stored GEMMs slower (benchmarks/results/cpu_sequence.md).
-  static constexpr int64_t kDepth = 256;
+// Rows of B per slice: 3 blocks x 256 x 4 bytes = 24 KiB.  Also where the L1
+// is 32 KiB: there a 168-row slice missed L1 less often but ran the
+// as-stored GEMMs slower (benchmarks/results/cpu_sequence.md).
+constexpr int64_t kDepth = 256;
 
-  static Vec zero() { return _mm256_setzero_ps(); }
-  static Vec load(const float* p) { return _mm256_loadu_ps(p); }
-  static Vec broadcast(float value) { return _mm256_set1_ps(value); }
-  static Vec fma(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }
-  static Vec add(Vec a, Vec b) { return _mm256_add_ps(a, b); }
-  static void store(float* p, Vec v) { _mm256_storeu_ps(p, v); }
+// A block cut by the matrix's edge: its first `count` lanes.
+struct Masked {
   static __m256i first(int64_t count) {
     return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(count)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
   }
-  static Vec load_first(const float* p, int64_t count) { return _mm256_maskload_ps(p, first(count)); }
-  static void store_first(float* p, Vec v, int64_t count) { _mm256_maskstore_ps(p, first(count), v); }
+  static __m256 load_first(const float* p, int64_t count) { return _mm256_maskload_ps(p, first(count)); }
+  static void store_first(float* p, __m256 v, int64_t count) { _mm256_maskstore_ps(p, first(count), v); }
 };
 
 }  // namespace
 
+// 4 rows x 3 blocks of 8 (gemm_f32.h): 12 accumulators of the 16 vector registers.
+#define LLTM_GEMM_F32_INTRINSIC(name) _mm256_##name
 #include "gemm_f32_kernel.h"
 
 }  // namespace gemm_f32

@@ -20,29 +20,21 @@ namespace gemm_f32 {
 namespace avx512 {
 namespace {
 
-// 8 rows x 3 blocks of 16: 24 accumulators of the 32 vector registers, and a
-// tile of 8 rows is a whole thread's block of a batch of 16 on two threads.
-struct Isa {
-  using Vec = __m512;
-  static constexpr int64_t kBlock = avx512::kBlock;
-  static constexpr int64_t kRows = kTileRows;
-  static constexpr int64_t kBlocks = kTileColumns / kBlock;
-  // Rows of B per slice: 3 blocks x 128 x 4 bytes = 24 KiB, as AVX2's slice.
-  static constexpr int64_t kDepth = 128;
+// Rows of B per slice: 3 blocks x 128 x 4 bytes = 24 KiB, as AVX2's slice.
+constexpr int64_t kDepth = 128;
 
-  static Vec zero() { return _mm512_setzero_ps(); }
-  static Vec load(const float* p) { return _mm512_loadu_ps(p); }
-  static Vec broadcast(float value) { return _mm512_set1_ps(value); }
-  static Vec fma(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
-  static Vec add(Vec a, Vec b) { return _mm512_add_ps(a, b); }
-  static void store(float* p, Vec v) { _mm512_storeu_ps(p, v); }
+// A block cut by the matrix's edge: its first `count` lanes.
+struct Masked {
   static __mmask16 first(int64_t count) { return static_cast<__mmask16>((1u << count) - 1); }
-  static Vec load_first(const float* p, int64_t count) { return _mm512_maskz_loadu_ps(first(count), p); }
-  static void store_first(float* p, Vec v, int64_t count) { _mm512_mask_storeu_ps(p, first(count), v); }
+  static __m512 load_first(const float* p, int64_t count) { return _mm512_maskz_loadu_ps(first(count), p); }
+  static void store_first(float* p, __m512 v, int64_t count) { _mm512_mask_storeu_ps(p, first(count), v); }
 };
 
 }  // namespace
 
+// 8 rows x 3 blocks of 16 (gemm_f32.h): 24 accumulators of the 32 vector registers, and
+// a tile of 8 rows is a whole thread's block of a batch of 16 on two threads.
+#define LLTM_GEMM_F32_INTRINSIC(name) _mm512_##name
 #include "gemm_f32_kernel.h"
 
 }  // namespace avx512

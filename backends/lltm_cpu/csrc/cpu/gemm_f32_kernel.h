@@ -1,16 +1,18 @@
 // The body of lltm-cpu's float32 micro-kernel (gemm_f32.h), written once for
-// every vector width: gemm_f32_avx2.cpp and gemm_f32_avx512.cpp each define a
-// struct `Isa` (the vector type, its operations and the tile's sizes) in an
-// anonymous namespace and then include this file inside the namespace whose
-// entry points it defines.  It includes nothing itself: each includer has
-// included <immintrin.h>, <cstdint> and <cstring> before.
+// every vector width: gemm_f32_avx2.cpp and gemm_f32_avx512.cpp each include
+// it inside the namespace whose entry points it defines (and whose kBlock,
+// kTileRows and kTileColumns it reads), after defining in an anonymous
+// namespace kDepth and a struct `Masked` (a partial vector's loads and
+// stores), and the macro LLTM_GEMM_F32_INTRINSIC(name), the width's
+// intrinsic `name` (_mm256_##name or _mm512_##name).  It includes nothing
+// itself: each includer has included <immintrin.h>, <cstdint> and <cstring>.
 //
-// B (k x n) is packed once per sequence into blocks of Isa::kBlock columns (one
+// B (k x n) is packed once per sequence into blocks of kBlock columns (one
 // vector), each holding its k rows one after another, the last block padded
-// with zeros.  A call runs over k in slices of Isa::kDepth rows, so that a
-// micro-tile's slice of B (Isa::kBlocks blocks) stays in the L1 cache while the
+// with zeros.  A call runs over k in slices of kDepth rows, so that a
+// micro-tile's slice of B (kBlocks blocks) stays in the L1 cache while the
 // row tiles of a panel of A (kPanelRows rows, kept in L2) pass over it; a
-// micro-tile is Isa::kRows rows by Isa::kBlocks blocks of accumulators.  A
+// micro-tile is kRows rows by kBlocks blocks of accumulators.  A
 // transposed A (the weight gradients: A stored k x m, a row of it thousands of
 // bytes long) is first copied into a panel of its own, each row tile's kRows
 // values of a row of B next to each other: read in place, a tile's every step
@@ -19,9 +21,20 @@
 
 namespace {
 
-constexpr int64_t kRows = Isa::kRows;
-constexpr int64_t kBlocks = Isa::kBlocks;
-constexpr int64_t kLanes = Isa::kBlock;
+// The width's vector and operations.
+struct Isa : Masked {
+  using Vec = decltype(LLTM_GEMM_F32_INTRINSIC(setzero_ps)());
+  static Vec zero() { return LLTM_GEMM_F32_INTRINSIC(setzero_ps)(); }
+  static Vec load(const float* p) { return LLTM_GEMM_F32_INTRINSIC(loadu_ps)(p); }
+  static Vec broadcast(float value) { return LLTM_GEMM_F32_INTRINSIC(set1_ps)(value); }
+  static Vec fma(Vec a, Vec b, Vec c) { return LLTM_GEMM_F32_INTRINSIC(fmadd_ps)(a, b, c); }
+  static Vec add(Vec a, Vec b) { return LLTM_GEMM_F32_INTRINSIC(add_ps)(a, b); }
+  static void store(float* p, Vec v) { LLTM_GEMM_F32_INTRINSIC(storeu_ps)(p, v); }
+};
+
+constexpr int64_t kRows = kTileRows;
+constexpr int64_t kBlocks = kTileColumns / kBlock;
+constexpr int64_t kLanes = kBlock;
 constexpr int64_t kPanelRows = 96;  // rows of A per pass over B's column tiles, in L2
 
 // Plain helpers of this file's own (no std:: templates): an inline function
@@ -138,9 +151,9 @@ void multiply_any(int64_t m, int64_t n, int64_t k, const A* a, int64_t lda, cons
   const int64_t block_stride = k * kLanes;
   const int64_t blocks = (n + kLanes - 1) / kLanes;
   // A transposed A's panel, copied (on the calling thread's stack).
-  alignas(64) float a_panel[TransA ? kPanelRows * Isa::kDepth : 1];
-  for (int64_t first = 0; first < k; first += Isa::kDepth) {
-    const int64_t depth = smaller(Isa::kDepth, k - first);
+  alignas(64) float a_panel[TransA ? kPanelRows * kDepth : 1];
+  for (int64_t first = 0; first < k; first += kDepth) {
+    const int64_t depth = smaller(kDepth, k - first);
     const bool add = accumulate || first > 0;  // later slices add to the earlier ones
     for (int64_t panel = 0; panel < m; panel += kPanelRows) {
       const int64_t panel_end = smaller(m, panel + kPanelRows);

@@ -10,6 +10,7 @@
 #include <climits>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <map>
 #include <optional>
 #include <sstream>
@@ -293,23 +294,11 @@ std::string route_list(const std::vector<Route>& routes) {
 }  // namespace
 
 const char* route_name(Route route) {
-  switch (route) {
-    case Route::kAmxBf16:
-      return "amx-bf16";
-    case Route::kAvx512Bf16:
-      return "avx512-bf16";
-    case Route::kAvx512Fma:
-      return "avx512-fma";
-    case Route::kAvx2Fma:
-      return "avx2-fma";
-    case Route::kMklPacked:
-      return "mkl-packed";
-    case Route::kMkl:
-      return "mkl";
-    case Route::kAten:
-      return "aten";
-  }
-  return "?";
+  // In the order of Route's values.
+  static constexpr const char* kNames[] = {"amx-bf16", "avx512-bf16", "avx512-fma", "avx2-fma",
+                                           "mkl-packed", "mkl", "aten"};
+  static_assert(std::size(kNames) == static_cast<size_t>(Route::kAten) + 1, "a name for every route");
+  return kNames[static_cast<size_t>(route)];
 }
 
 std::optional<Route> requested_route() {

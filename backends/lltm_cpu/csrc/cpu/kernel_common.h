@@ -164,10 +164,11 @@ void* find_symbol(const char* name);
 
 // torch.use_deterministic_algorithms's flag, read at each call through
 // at::globalContext().deterministicAlgorithms(), found with find_symbol (the
-// stable ABI has no getter); false where this torch does not export them,
-// which deterministic_flag_readable() tells.
+// stable ABI has no getter); false where this torch does not export them.
+// deterministic_flag_problem() says so ("" where the flag is read), and
+// lltm_cpu warns with it once, as it loads the library.
 bool deterministic_algorithms();
-bool deterministic_flag_readable();
+std::string deterministic_flag_problem();
 
 namespace detail {
 extern thread_local int parallel_depth;  // parallel_for's regions this thread is inside
