@@ -179,15 +179,19 @@ def sequence_path(dtype: torch.dtype, batch: int, state_size: int, device: int =
     variant = os.environ.get(ENV_EMULATED_LIBRARY) if EMULATED else None
     plan = ctypes.CDLL(variant or library_path()).lltm_cuda_sequence_plan
     plan.restype = ctypes.c_int
-    plan.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_char_p, ctypes.c_size_t]
+    plan.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.POINTER(ctypes.c_int64),
+                     ctypes.c_char_p, ctypes.c_size_t]
+    blocks = ctypes.c_int64(1)
     why = ctypes.create_string_buffer(1024)
-    blocks = plan(device, _SCALAR_TYPES[dtype], batch, state_size, why, len(why))
+    path = plan(device, _SCALAR_TYPES[dtype], batch, state_size, ctypes.byref(blocks), why, len(why))
     text = why.value.decode()
-    if blocks < 0:
+    if path < 0:
         raise RuntimeError(text)
-    path = text.partition(":")[0]  # the reason starts with the path's name
-    return (path, blocks, text) if blocks > 0 else ("per-step", 1, text)
+    return _SEQUENCE_PATHS[path], blocks.value, text
 
+
+# lltm_cuda_sequence_plan's answer (csrc/cuda/lltm_persistent.cu) to the path's name.
+_SEQUENCE_PATHS = ("per-step", "persistent", "grid")
 
 def load_backend():
     from lltm_core.backend import Backend

@@ -601,19 +601,21 @@ void persistent_backward(const SequencePlan& plan, const PersistentBackward& a) 
 
 }  // namespace lltm_cuda
 
-// plan_sequence for Python (lltm_cuda.sequence_path, through ctypes): the blocks of the cluster or
-// of the cooperative grid, 0 for the per-step path, or -1 for an error; `why` gets the reason (it
-// starts with the path's name: "persistent:", "grid:" or "per-step:") or the error's message.  A C
-// function, not an operator: it answers a question about the library, it computes nothing.
+// plan_sequence for Python (lltm_cuda.sequence_path, through ctypes): the path (0 per-step, 1 the
+// cluster's, 2 the cooperative grid's) or -1 for an error; `blocks` gets the blocks of the cluster or
+// of the grid (1 per step), `why` the reason or the error's message.  A C function, not an operator:
+// it answers a question about the library, it computes nothing.
 extern "C" __attribute__((visibility("default"))) int lltm_cuda_sequence_plan(int device, int dtype, int64_t batch,
-                                                                              int64_t state_size, char* why,
-                                                                              size_t why_size) {
+                                                                              int64_t state_size, int64_t* blocks,
+                                                                              char* why, size_t why_size) {
   std::string text;
-  int cluster = -1;
+  int path = -1;
+  *blocks = 1;
   try {
     const lltm_cuda::SequencePlan plan =
         lltm_cuda::plan_sequence(device, static_cast<lltm_cuda::ScalarType>(dtype), batch, state_size);
-    cluster = plan.grid ? int(plan.blocks) : plan.persistent ? plan.cluster : 0;
+    path = plan.grid ? 2 : plan.persistent ? 1 : 0;
+    *blocks = plan.grid ? plan.blocks : plan.persistent ? plan.cluster : 1;
     text = plan.why;
   } catch (const std::exception& error) {
     text = error.what();
@@ -623,5 +625,5 @@ extern "C" __attribute__((visibility("default"))) int lltm_cuda_sequence_plan(in
     std::memcpy(why, text.data(), n);
     why[n] = '\0';
   }
-  return cluster;
+  return path;
 }
