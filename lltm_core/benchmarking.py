@@ -97,9 +97,16 @@ def interleaved(candidates: Mapping[str, Callable], *, calls: int = 10, rounds: 
     def run(name: str, n: int) -> tuple[list[tuple[float, ...]], float] | None:
         """(samples, wall seconds) of ``n`` calls, or None if the candidate raised and was dropped."""
         f = live[name]
+        phase_times = []
         try:
             start = time.perf_counter()
-            results = [f() for _ in range(n)]
+            for _ in range(n):
+                # Only a candidate's own timings are kept: holding its results would keep n outputs (and
+                # their autograd graphs) alive, so that its later calls run on fresh memory.
+                result = f()
+                if result.__class__ is PhaseTimes:
+                    phase_times.append(result)
+                result = None
             elapsed = time.perf_counter() - start
         except Exception as exc:  # noqa: BLE001 - with keep_going, whatever a candidate raises is its own failure
             if not keep_going:
@@ -107,8 +114,8 @@ def interleaved(candidates: Mapping[str, Callable], *, calls: int = 10, rounds: 
             timings.failures[name] = f"raised {_first_line(exc)}"
             del live[name], timings.samples[name]
             return None
-        if results and isinstance(results[0], PhaseTimes):
-            return results, elapsed
+        if phase_times:
+            return phase_times, elapsed
         return ([(elapsed / n,)] if n else []), elapsed
 
     try:
