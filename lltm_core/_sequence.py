@@ -61,6 +61,13 @@ def lltm_sequence(input, weights, bias, h0, c0, *, lengths=None, reverse=False, 
         if out is None:  # no sequence kernels: each step is traced as lltm() is
             return _loop_steps(backend, *args, lengths, reverse)
         return out[0], out[1], out[2]
+    return run_checked(args, lengths, reverse, backend)
+
+
+def run_checked(args: tuple, lengths, reverse: bool, backend):
+    """Choose and apply, in eager mode, for arguments already checked and contiguous: ``lltm_sequence``'s
+    second half, which LLTMLayer's commonest call enters directly after checking its own arguments once."""
+    input = args[0]
     device_type = "cpu" if input.is_cpu else input.device.type  # .device builds an object: skip it for CPU
     if device_type == "meta":  # shape inference: no backend runs on meta
         return _ops.on_meta(SEQUENCE, (*args, lengths, reverse))
@@ -68,7 +75,7 @@ def lltm_sequence(input, weights, bias, h0, c0, *, lengths=None, reverse=False, 
     chosen = _registry.choose(device_type, input.dtype, backend)
     if chosen.declines_calls or _registry.measuring():  # the choice depends on the call: only then is it described
         chosen = _registry.choose(device_type, input.dtype, backend,
-                                  SEQUENCE.call(device_type, input.dtype, input, h0.shape[1], needs))
+                                  SEQUENCE.call(device_type, input.dtype, input, args[3].shape[1], needs))
     if not chosen.has_sequence_kernels:
         log.debug("lltm_sequence: backend %s has no sequence kernels; looping its step kernels", chosen.name)
         return _loop_steps(chosen, *args, lengths, reverse)

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
 
 from ._checks import TorchSizeNames, ZeroBias, layer_sizes
-from ._sequence import lltm_sequence
+from ._sequence import lltm_sequence, run_checked
 
 
 class LLTMLayer(TorchSizeNames, ZeroBias, torch.nn.Module):
@@ -153,16 +153,24 @@ class LLTMLayer(TorchSizeNames, ZeroBias, torch.nn.Module):
             input, hx = _cast_input_and_state(input, hx, cast)
         state = hx
         if state is None and cast is None and len(self._parameter_names) == 1 and len(self._parameter_names[0]) == 1 \
-                and type(input) is torch.Tensor and input.dim() == 3:
-            # The commonest call, one layer and direction over a batched tensor from a zero state, without
-            # the general path's lists: under no_grad at T64 B16 S128 that path cost 1.5% of the call.
-            sequence = input.transpose(0, 1) if self.batch_first else input
-            self._check_input(sequence, input)
-            zeros = sequence.new_zeros((sequence.shape[1], self.state_size))
+                and type(input) is torch.Tensor and input.dim() == 3 and not torch.compiler.is_compiling():
+            # The commonest call, one layer and direction over a batched tensor from a zero state, checked here
+            # once for what lltm_sequence would check again; anything unusual takes the general path, whose
+            # checks name what is wrong.  Why a microsecond matters: core_overhead.md, the no_grad share.
             weights_name, bias_name = self._parameter_names[0][0]
-            output, h, c = lltm_sequence(sequence, self._tensor(weights_name), self._tensor(bias_name),
-                                         zeros, zeros, backend=self.backend)
-            return (output.transpose(0, 1) if self.batch_first else output), (h.unsqueeze(0), c.unsqueeze(0))
+            weights, bias = self._tensor(weights_name), self._tensor(bias_name)
+            sequence = input.transpose(0, 1) if self.batch_first else input
+            steps, batch, features = sequence.shape
+            S = self.state_size
+            dtype = sequence.dtype
+            if (steps and features == self.input_features and dtype.is_floating_point
+                    and dtype is weights.dtype and dtype is bias.dtype
+                    and weights.shape == (3 * S, S + features) and bias.shape == (3 * S,)
+                    and sequence.device == weights.device and bias.device == weights.device):
+                zeros = sequence.new_zeros((batch, S))
+                output, h, c = run_checked((sequence.contiguous(), weights.contiguous(), bias.contiguous(),
+                                            zeros, zeros), None, False, self.backend)
+                return (output.transpose(0, 1) if self.batch_first else output), (h[None], c[None])
         lengths = None
         if isinstance(input, PackedSequence):
             if torch.compiler.is_exporting():
