@@ -83,6 +83,37 @@ def test_layer_names_bad_input(input, state, error, pattern):
         layer(input, state)
 
 
+ONE_LAYER = r"LLTMLayer\(3, 5\): "
+
+
+def _replace(name, value):
+    def change(layer):
+        setattr(layer, name, torch.nn.Parameter(value))
+    return change
+
+
+@pytest.mark.parametrize("input, change, error, pattern", [
+    (torch.randn(T, B, 7), None, ValueError, ONE_LAYER + r"input must have 3 features"),
+    (torch.randn(0, B, I), None, ValueError, ONE_LAYER + r"input has 0 time steps"),
+    (torch.randn(T, B, I, dtype=torch.float64), None, TypeError, ONE_LAYER + r"input has dtype torch.float64"),
+    (torch.randint(-3, 4, (T, B, I)), None, TypeError, ONE_LAYER + r"input has dtype torch.int64"),
+    (torch.randn(T, B, I, device="meta"), None, ValueError, ONE_LAYER + r"input is on meta, expected cpu"),
+    (torch.randn(T, B, I), _replace("weights_l0", torch.randn(3 * S, S + I + 1)), ValueError,
+     r"lltm_sequence\(\): weights has shape \(15, 9\), expected \(15, 8\)"),
+    (torch.randn(T, B, I), _replace("bias_l0", torch.randn(3 * S, dtype=torch.float64)), TypeError,
+     r"lltm_sequence\(\): .*bias.*float64"),
+    (torch.randn(T, B, I), _replace("bias_l0", torch.randn(3 * S, device="meta")), ValueError,
+     r"lltm_sequence\(\): .*bias.*meta"),
+], ids=["feature-width", "T0", "dtype", "integer", "device", "weights-shape", "bias-dtype", "bias-device"])
+def test_the_one_layer_call_names_bad_input_as_the_general_path_does(input, change, error, pattern):
+    # One layer, one direction, no state: the call LLTMLayer checks once before lltm_sequence's eager half.
+    layer = lltm_core.LLTMLayer(I, S)
+    if change is not None:
+        change(layer)
+    with pytest.raises(error, match=pattern):
+        layer(input)
+
+
 def test_layer_rejects_bad_construction_arguments():
     with pytest.raises(ValueError, match=r"state_size \(hidden_size\) must be an integer >= 1, got 0"):
         lltm_core.LLTMLayer(3, 0)
