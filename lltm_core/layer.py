@@ -12,6 +12,8 @@ from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_
 from ._checks import TorchSizeNames, ZeroBias, layer_sizes
 from ._sequence import lltm_sequence, run_checked
 
+_functorch_active = torch._C._are_functorch_transforms_active
+
 
 class LLTMLayer(TorchSizeNames, ZeroBias, torch.nn.Module):
     """A stack of LLTM layers run over sequences, as ``torch.nn.LSTM`` runs LSTMs.
@@ -74,6 +76,7 @@ class LLTMLayer(TorchSizeNames, ZeroBias, torch.nn.Module):
         self.dropout = float(dropout)
         self.bidirectional = bool(bidirectional)
         self.backend = backend
+        self._zero_state = None  # see _new_zero_state
         directions = 2 if bidirectional else 1
         factory = {"device": device, "dtype": dtype}
         # (weights, bias) names per layer and direction, in forward's order: not rebuilt on every call.
@@ -167,7 +170,10 @@ class LLTMLayer(TorchSizeNames, ZeroBias, torch.nn.Module):
                     and dtype is weights.dtype and dtype is bias.dtype
                     and weights.shape == (3 * S, S + features) and bias.shape == (3 * S,)
                     and sequence.device == weights.device and bias.device == weights.device):
-                zeros = sequence.new_zeros((batch, S))
+                zeros = self._zero_state
+                if (zeros is None or zeros.shape[0] != batch or zeros.dtype is not dtype
+                        or zeros.device != weights.device or _functorch_active()):
+                    zeros = self._new_zero_state(sequence, batch)
                 output, h, c = run_checked((sequence.contiguous(), weights.contiguous(), bias.contiguous(),
                                             zeros, zeros), None, False, self.backend)
                 return (output.transpose(0, 1) if self.batch_first else output), (h[None], c[None])
@@ -229,6 +235,20 @@ class LLTMLayer(TorchSizeNames, ZeroBias, torch.nn.Module):
         if self.batch_first:
             output = output.transpose(0, 1)
         return output, (h_n, c_n)
+
+    def _new_zero_state(self, sequence: torch.Tensor, batch: int) -> torch.Tensor:
+        """A (batch, S) zero state, kept for the next call of the same batch size, dtype and device.
+
+        Making it cost more than the rest of the call's checks beside a kernel (core_overhead.md, the
+        no_grad share); keeping it is safe because kernels never write their inputs (the kit checks).
+        Under a torch.func transform it is the transform's tensor, so it is made afresh and not kept.
+        """
+        if _functorch_active():
+            return sequence.new_zeros((batch, self.state_size))
+        with torch.inference_mode(False):  # an inference tensor could not be saved by a later training call
+            zeros = torch.zeros((batch, self.state_size), dtype=sequence.dtype, device=sequence.device)
+        self._zero_state = zeros
+        return zeros
 
     def _tensor(self, name: str) -> torch.Tensor:
         """The parameter (or, with bias=False, the zero buffer) ``name``, read from the module's dicts:

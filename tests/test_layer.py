@@ -361,3 +361,25 @@ def test_torch_export_gives_one_sequence_operator_per_layer_and_direction(backen
     assert ops == (["lltm.ref_sequence_forward.default"] * 4 if backend == "ref"
                    else ["lltm_cpu.sequence_forward.default"] * 4), ops
     torch.testing.assert_close(exported.module()(x)[0], layer(x)[0], rtol=0, atol=0)
+
+
+def test_the_kept_zero_state_follows_batch_size_dtype_and_inference_mode():
+    # The commonest call keeps its zero state between calls: a later call of another batch size or dtype,
+    # or a training call after one under inference_mode, must still start from a zero state of its own.
+    torch.manual_seed(0)
+    layer = lltm_core.LLTMLayer(I, S, backend="ref")
+    reference = copy.deepcopy(layer)
+    for batch, dtype in ((B, torch.float32), (B + 3, torch.float32), (1, torch.float32), (B, torch.float64)):
+        layer.to(dtype)
+        reference.to(dtype)
+        x = torch.randn(T, batch, I, dtype=dtype)
+        with torch.inference_mode():
+            got = layer(x)
+        zeros = torch.zeros(1, batch, S, dtype=dtype)
+        want = reference(x, (zeros, zeros))  # the general path, given the zero state
+        torch.testing.assert_close(got[0], want[0].detach())
+        torch.testing.assert_close(got[1][1], want[1][1].detach())
+        x.requires_grad_()
+        output, (h_n, c_n) = layer(x)  # training after inference: the kept state is not an inference tensor
+        (output.sum() + c_n.sum()).backward()
+        assert x.grad is not None and x.grad.abs().sum() > 0
