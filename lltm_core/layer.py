@@ -239,9 +239,10 @@ class LLTMLayer(TorchSizeNames, ZeroBias, torch.nn.Module):
     def _new_zero_state(self, sequence: torch.Tensor, batch: int) -> torch.Tensor:
         """A (batch, S) zero state, kept for the next call of the same batch size, dtype and device.
 
-        Making it cost more than the rest of the call's checks beside a kernel (core_overhead.md, the
-        no_grad share); keeping it is safe because kernels never write their inputs (the kit checks).
-        Under a torch.func transform it is the transform's tensor, so it is made afresh and not kept.
+        Making one was about a quarter of the call's own Python beside a kernel (core_overhead.md, the no_grad
+        share); keeping it is safe because kernels never write their inputs (the kit checks).  Under a
+        torch.func transform, new_zeros makes the transform's own (batched) tensor, which must not outlive
+        it: made afresh there, and not kept.
         """
         if _functorch_active():
             return sequence.new_zeros((batch, self.state_size))
