@@ -117,10 +117,16 @@ Tensor checked_lengths(const Tensor& lengths, const char* op, int64_t steps, int
   return dense;
 }
 
-// A contiguous copy of `source` (2-D) in new memory of `dtype`, which the kernel may write.
+// A contiguous copy of `source` (2-D) in new memory of `dtype`, which the kernel may write.  A
+// memcpy where only the memory changes: torch's copy_ through the shim costs several times a
+// state's bytes (benchmarks/results/cpu_sequence.md, "the operators' rest taken apart").
 Tensor fresh_copy(const Tensor& source, ScalarType dtype) {
   Tensor copy = empty({source.size(0), source.size(1)}, dtype);
-  torch::stable::copy_(copy, source);
+  if (source.scalar_type() == dtype && source.is_contiguous()) {
+    std::memcpy(copy.mutable_data_ptr(), source.const_data_ptr(), source.numel() * source.element_size());
+  } else {
+    torch::stable::copy_(copy, source);
+  }
   return copy;
 }
 
