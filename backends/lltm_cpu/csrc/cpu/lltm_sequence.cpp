@@ -38,7 +38,8 @@
 //   before the next GEMM reads it.  With lengths the forward updates the
 //   state h in place, so a second barrier lets every thread read h_{t-1}
 //   before any writes h_t.
-// The GEMMs over all steps run before and after the loop, on all threads.
+// The GEMMs over all steps run before and after the loop, on all threads
+// (backward in float32: each thread a share of their rows, on its own).
 // Small problems run on one thread.
 //
 // Each GEMM's route (MKL, lltm-cpu's own kernels, or torch's mm through
@@ -491,7 +492,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> sequence_backward(
     // apart").  Other dtypes (torch's mm for bfloat16) keep their threaded GEMMs.
     const int64_t parts =
         std::is_same_v<scalar_t, float>
-            ? std::clamp<int64_t>(3 * S * (S + 2 * I) * T * B / kMinMacsPerThread, 1, in_parallel_region() ? 1 : num_threads())
+            ? std::clamp<int64_t>(T * B * 3 * S * (S + 2 * I) / kMinMacsPerThread, 1,
+                                  in_parallel_region() ? 1 : num_threads())
             : 1;
     if (parts > 1) {
       parallel_for(0, parts, 1, [&](int64_t first, int64_t last) {
