@@ -487,9 +487,9 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> sequence_backward(
       }
     };
     // float32: each thread a share of all three GEMMs' rows, on its own, in one parallel region:
-    // MKL's threads gained about 1.7x over one at T64 B16's shapes, the N = I GEMMs nothing, and
-    // each is its own region (benchmarks/results/cpu_sequence.md, "the operators' rest taken
-    // apart").  Other dtypes (torch's mm for bfloat16) keep their threaded GEMMs.
+    // at small sizes MKL's threads gained less on each GEMM than a share of its rows run alone,
+    // and each GEMM was a region of its own (benchmarks/results/cpu_sequence.md, "the operators'
+    // rest taken apart").  Other dtypes (torch's mm for bfloat16) keep their threaded GEMMs.
     const int64_t parts =
         std::is_same_v<scalar_t, float>
             ? std::clamp<int64_t>(T * B * 3 * S * (S + 2 * I) / kMinMacsPerThread, 1,
