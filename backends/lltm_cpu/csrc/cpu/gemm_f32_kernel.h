@@ -110,11 +110,39 @@ Tile<A> tile_for(int64_t rows, int64_t blocks) {
   }
 }
 
+// The first k / 4 * 4 rows of a whole block of a float B stored n x k (b at its first column's
+// row), into `packed` (the block's first row), by 4 x 4 transposes: read one value at a time,
+// 16 rows of B apart, the forward's layout of W_h was a visible share of a short sequence's
+// forward (benchmarks/results/cpu_sequence.md, "the operators' rest taken apart").  SSE, which
+// every x86-64 CPU has.  Returns the rows it packed; a bfloat16 B is left to the loop below.
+static_assert(kLanes % 4 == 0, "whole blocks are packed in quads of columns");
+inline int64_t pack_transposed_whole(const float* b, int64_t ldb, int64_t k, float* packed) {
+  const int64_t quads = k / 4 * 4;
+  for (int64_t j = 0; j < kLanes; j += 4) {
+    const float* rows = b + j * ldb;
+    for (int64_t p = 0; p < quads; p += 4) {
+      __m128 r0 = _mm_loadu_ps(rows + p), r1 = _mm_loadu_ps(rows + ldb + p);
+      __m128 r2 = _mm_loadu_ps(rows + 2 * ldb + p), r3 = _mm_loadu_ps(rows + 3 * ldb + p);
+      _MM_TRANSPOSE4_PS(r0, r1, r2, r3);
+      _mm_storeu_ps(packed + p * kLanes + j, r0);
+      _mm_storeu_ps(packed + (p + 1) * kLanes + j, r1);
+      _mm_storeu_ps(packed + (p + 2) * kLanes + j, r2);
+      _mm_storeu_ps(packed + (p + 3) * kLanes + j, r3);
+    }
+  }
+  return quads;
+}
+
+inline int64_t pack_transposed_whole(const uint16_t*, int64_t, int64_t, float*) { return 0; }
+
 template <typename B>
 void pack_any(bool trans_b, int64_t n, int64_t k, const B* b, int64_t ldb, float* packed) {
   const int64_t blocks = (n + kLanes - 1) / kLanes;
   for (int64_t block = 0; block < blocks; ++block) {
-    for (int64_t row = 0; row < k; ++row) {
+    const bool whole = (block + 1) * kLanes <= n;
+    const int64_t done =
+        trans_b && whole ? pack_transposed_whole(b + block * kLanes * ldb, ldb, k, packed + block * k * kLanes) : 0;
+    for (int64_t row = done; row < k; ++row) {
       for (int64_t j = 0; j < kLanes; ++j) {
         const int64_t col = block * kLanes + j;
         const float value = col < n ? widened(trans_b ? b[col * ldb + row] : b[row * ldb + col]) : 0.0f;

@@ -38,7 +38,8 @@
 //   before the next GEMM reads it.  With lengths the forward updates the
 //   state h in place, so a second barrier lets every thread read h_{t-1}
 //   before any writes h_t.
-// The GEMMs over all steps run before and after the loop, on all threads.
+// The GEMMs over all steps run before and after the loop, on all threads
+// (backward in float32: each thread a share of their rows, on its own).
 // Small problems run on one thread.
 //
 // Each GEMM's route (MKL, lltm-cpu's own kernels, or torch's mm through
@@ -117,10 +118,16 @@ Tensor checked_lengths(const Tensor& lengths, const char* op, int64_t steps, int
   return dense;
 }
 
-// A contiguous copy of `source` (2-D) in new memory of `dtype`, which the kernel may write.
+// A contiguous copy of `source` (2-D) in new memory of `dtype`, which the kernel may write.  A
+// memcpy where only the memory changes: torch's copy_ through the shim costs several times a
+// state's bytes (benchmarks/results/cpu_sequence.md, "the operators' rest taken apart").
 Tensor fresh_copy(const Tensor& source, ScalarType dtype) {
   Tensor copy = empty({source.size(0), source.size(1)}, dtype);
-  torch::stable::copy_(copy, source);
+  if (source.scalar_type() == dtype && source.is_contiguous()) {
+    std::memcpy(copy.mutable_data_ptr(), source.const_data_ptr(), source.numel() * source.element_size());
+  } else {
+    torch::stable::copy_(copy, source);
+  }
   return copy;
 }
 
@@ -465,8 +472,39 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> sequence_backward(
     // Forward: step t >= 1 started from output[t-1]; reversed: step t <= T-2 from output[t+1].
     const scalar_t* later_grad_gates = reverse ? grad_gates_data : grad_gates_data + step_rows * 3 * S;
     const scalar_t* earlier_output = reverse ? output_data + step_rows * S : output_data;
-    blas::gemm<scalar_t>(true, false, 3 * S, S, later_rows, later_grad_gates, 3 * S, earlier_output, S, false,
-                         grad_weights_data, ldw);
+    // Part `part` of `parts` of the GEMMs that need no h0: its share of d_W's rows (both the h and
+    // the x columns) and of d_input's.
+    const auto gradient_part = [&](int64_t part, int64_t parts) {
+      const int64_t w_begin = part * 3 * S / parts, w_end = (part + 1) * 3 * S / parts;
+      blas::gemm<scalar_t>(true, false, w_end - w_begin, S, later_rows, later_grad_gates + w_begin, 3 * S,
+                           earlier_output, S, false, grad_weights_data + w_begin * ldw, ldw);
+      blas::gemm<scalar_t>(true, false, w_end - w_begin, I, T * B, grad_gates_data + w_begin, 3 * S,
+                           input.const_data_ptr<scalar_t>(), I, false, grad_weights_data + w_begin * ldw + S, ldw);
+      if (needs_grad_input) {
+        const int64_t x_begin = part * T * B / parts, x_end = (part + 1) * T * B / parts;
+        blas::gemm<scalar_t>(false, false, x_end - x_begin, I, 3 * S, grad_gates_data + x_begin * 3 * S, 3 * S,
+                             w + S, ldw, false, grad_input.mutable_data_ptr<scalar_t>() + x_begin * I, I);
+      }
+    };
+    // float32: each thread a share of all three GEMMs' rows, on its own, in one parallel region:
+    // at small sizes MKL's threads gained less on each GEMM than a share of its rows run alone,
+    // and each GEMM was a region of its own (benchmarks/results/cpu_sequence.md, "the operators'
+    // rest taken apart").  Other dtypes (torch's mm for bfloat16) keep their threaded GEMMs.
+    const int64_t parts =
+        std::is_same_v<scalar_t, float>
+            ? std::clamp<int64_t>(T * B * 3 * S * (S + 2 * I) / kMinMacsPerThread, 1,
+                                  in_parallel_region() ? 1 : num_threads())
+            : 1;
+    if (parts > 1) {
+      parallel_for(0, parts, 1, [&](int64_t first, int64_t last) {
+        const blas::SingleThreaded single_threaded(true);
+        for (int64_t part = first; part < last; ++part) {
+          gradient_part(part, parts);
+        }
+      });
+    } else {
+      gradient_part(0, 1);
+    }
     // The steps that started from h0: t = 0 forward; reversed, each row's own
     // last valid step (T-1 without lengths).  Rows past their length have
     // zero d_gates, so output's zeros there add nothing above.  A zero h0
@@ -484,12 +522,6 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> sequence_backward(
       }
       blas::gemm<scalar_t>(true, false, 3 * S, S, B, first_grad_gates, 3 * S, h0_data, S, true, grad_weights_data,
                            ldw);
-    }
-    blas::gemm<scalar_t>(true, false, 3 * S, I, T * B, grad_gates_data, 3 * S, input.const_data_ptr<scalar_t>(), I,
-                         false, grad_weights_data + S, ldw);
-    if (needs_grad_input) {
-      blas::gemm<scalar_t>(false, false, T * B, I, 3 * S, grad_gates_data, 3 * S, w + S, ldw, false,
-                           grad_input.mutable_data_ptr<scalar_t>(), I);
     }
   });
   return result(grad_input, grad_weights, grad_bias);

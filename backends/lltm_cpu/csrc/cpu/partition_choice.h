@@ -8,10 +8,12 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -163,11 +165,11 @@ std::pair<std::string, tuning::Record> split_key(bool forward, int64_t B, int64_
   return {key.str(), what};
 }
 
-// The time loop's partition for this call: by rows or by columns, as
+// The time loop's partition for a problem: by rows or by columns, as
 // measured (or as LLTM_CPU_SPLIT says), with its blocks' GEMM route; by rows
 // wherever the columns cannot be split (one thread, a small problem).
 template <typename scalar_t>
-Partition choose_partition(bool forward, int64_t T, int64_t B, int64_t S, const scalar_t* w, int64_t ldw) {
+Partition tuned_partition(bool forward, int64_t T, int64_t B, int64_t S, const scalar_t* w, int64_t ldw) {
   const std::optional<Split> forced = requested_split();
   Partition partition;
   partition.rows = split_rows(B, T * 3 * S * S, B * 3 * S * S, forced.has_value());
@@ -203,6 +205,21 @@ Partition choose_partition(bool forward, int64_t T, int64_t B, int64_t S, const 
     return time_partition<scalar_t>(which == Split::kRows ? by_rows : by_columns, forward, B, S, w, ldw);
   });
   return split == Split::kRows ? by_rows : by_columns;
+}
+
+// The partition for this call: tuned_partition's, kept by each thread per problem, so that
+// later calls skip formatting keys and taking the tuning mutex.  Invariant: `problem` holds
+// everything the choice depends on (the variables are read once and a tuned choice never
+// changes) (benchmarks/results/cpu_sequence.md, "the operators' rest taken apart").
+template <typename scalar_t>
+Partition choose_partition(bool forward, int64_t T, int64_t B, int64_t S, const scalar_t* w, int64_t ldw) {
+  thread_local std::map<std::tuple<bool, int64_t, int64_t, int64_t, int64_t, bool, bool>, Partition> chosen;
+  const auto problem =
+      std::make_tuple(forward, T, B, S, num_threads(), in_parallel_region(), deterministic_algorithms());
+  if (const auto found = chosen.find(problem); found != chosen.end()) {
+    return found->second;
+  }
+  return chosen[problem] = tuned_partition<scalar_t>(forward, T, B, S, w, ldw);
 }
 
 }  // namespace sequence
