@@ -189,6 +189,29 @@ class ZeroBias:
 SEQUENCE_NAMES = ("input", "weights", "bias", "h0", "c0")
 
 
+def sequence_args_valid(input, weights, bias, h0, c0) -> bool:
+    """Whether these tensors pass :func:`check_sequence_args` (``lengths`` and ``reverse`` aside), without
+    building any message: the check of every call, and of LLTMLayer's commonest once for the call."""
+    # One expression for the common, valid case, as lltm_args_valid: the messages cost microseconds.
+    T_ = torch.Tensor
+    try:
+        T, B, I = input.shape
+        _, S = h0.shape
+        dtype = input.dtype
+        return (
+            T > 0 and weights.shape == (3 * S, S + I) and (bias.shape == (3 * S,) or bias.shape == (1, 3 * S))
+            and h0.shape[0] == B and c0.shape == (B, S)
+            and dtype.is_floating_point
+            and weights.dtype is dtype and bias.dtype is dtype and h0.dtype is dtype and c0.dtype is dtype
+            and _same_device(input, weights, bias, h0, c0)
+            # last: the duck-typed reads above do not prove these are tensors
+            and isinstance(input, T_) and isinstance(weights, T_) and isinstance(bias, T_)
+            and isinstance(h0, T_) and isinstance(c0, T_)
+        )
+    except (AttributeError, TypeError, ValueError):  # not tensors, or wrong ranks
+        return False
+
+
 def check_sequence_args(input, weights, bias, h0, c0, lengths, reverse, *, check_values: bool = True) -> None:
     """Raise TypeError/ValueError unless these make one valid ``lltm_sequence`` call.
 
@@ -198,25 +221,7 @@ def check_sequence_args(input, weights, bias, h0, c0, lengths, reverse, *, check
     only read when ``check_values`` (not while torch.compile traces, where they
     are unknown).
     """
-    # The common, valid case in one expression, as check_lltm_args does: the messages below cost
-    # microseconds to build, a measurable share of a short sequence's call.
-    T_ = torch.Tensor
-    try:
-        T, B, I = input.shape
-        _, S = h0.shape
-        dtype, device = input.dtype, input.device
-        valid = (
-            T > 0 and weights.shape == (3 * S, S + I) and (bias.shape == (3 * S,) or bias.shape == (1, 3 * S))
-            and h0.shape[0] == B and c0.shape == (B, S) and dtype.is_floating_point
-            and weights.dtype == dtype and bias.dtype == dtype and h0.dtype == dtype and c0.dtype == dtype
-            and weights.device == device and bias.device == device and h0.device == device and c0.device == device
-            and reverse.__class__ is bool and lengths is None
-            and isinstance(input, T_) and isinstance(weights, T_) and isinstance(bias, T_)
-            and isinstance(h0, T_) and isinstance(c0, T_)
-        )
-    except (AttributeError, TypeError, ValueError):  # not tensors, or wrong ranks
-        valid = False
-    if valid:
+    if lengths is None and reverse.__class__ is bool and sequence_args_valid(input, weights, bias, h0, c0):
         return
     caller = "lltm_sequence()"
     args = (input, weights, bias, h0, c0)

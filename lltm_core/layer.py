@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
 
-from ._checks import TorchSizeNames, ZeroBias, layer_sizes
+from ._checks import TorchSizeNames, ZeroBias, layer_sizes, sequence_args_valid
 from ._sequence import lltm_sequence, run_checked
 
 _functorch_active = torch._C._are_functorch_transforms_active
@@ -163,17 +163,13 @@ class LLTMLayer(TorchSizeNames, ZeroBias, torch.nn.Module):
             weights_name, bias_name = self._parameter_names[0][0]
             weights, bias = self._tensor(weights_name), self._tensor(bias_name)
             sequence = input.transpose(0, 1) if self.batch_first else input
-            steps, batch, features = sequence.shape
-            S = self.state_size
-            dtype = sequence.dtype
-            if (steps and features == self.input_features and dtype.is_floating_point
-                    and dtype is weights.dtype and dtype is bias.dtype
-                    and weights.shape == (3 * S, S + features) and bias.shape == (3 * S,)
-                    and sequence.device == weights.device and bias.device == weights.device):
-                zeros = self._zero_state
-                if (zeros is None or zeros.shape[0] != batch or zeros.dtype is not dtype
-                        or zeros.device != weights.device or _functorch_active()):
-                    zeros = self._new_zero_state(sequence, batch)
+            batch = sequence.shape[1]
+            zeros = self._zero_state
+            if (zeros is None or zeros.shape[0] != batch or zeros.dtype is not sequence.dtype
+                    or zeros.device != sequence.device or _functorch_active()):
+                zeros = self._new_zero_state(sequence, batch)
+            if (sequence.shape[2] == self.input_features and bias.dim() == 1  # lltm_sequence reshapes a (1, 3S) bias
+                    and sequence_args_valid(sequence, weights, bias, zeros, zeros)):
                 output, h, c = run_checked((sequence.contiguous(), weights.contiguous(), bias.contiguous(),
                                             zeros, zeros), None, False, self.backend)
                 return (output.transpose(0, 1) if self.batch_first else output), (h[None], c[None])
