@@ -104,7 +104,7 @@ def interleaved(candidates: Mapping[str, Callable], *, calls: int = 10, rounds: 
                 # Only a candidate's own timings are kept: holding its results would keep n outputs (and
                 # their autograd graphs) alive, so that its later calls run on fresh memory.
                 result = f()
-                if result.__class__ is PhaseTimes:
+                if isinstance(result, PhaseTimes):
                     phase_times.append(result)
                 result = None
             elapsed = time.perf_counter() - start
