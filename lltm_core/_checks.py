@@ -196,13 +196,13 @@ def sequence_args_valid(input, weights, bias, h0, c0) -> bool:
     T_ = torch.Tensor
     try:
         T, B, I = input.shape
-        _, S = h0.shape
+        B_h0, S = h0.shape
         dtype = input.dtype
         return (
-            T > 0 and weights.shape == (3 * S, S + I) and (bias.shape == (3 * S,) or bias.shape == (1, 3 * S))
-            and h0.shape[0] == B and c0.shape == (B, S)
-            and dtype.is_floating_point
-            and weights.dtype is dtype and bias.dtype is dtype and h0.dtype is dtype and c0.dtype is dtype
+            T > 0 and B_h0 == B and weights.shape == (3 * S, S + I)
+            and (bias.shape == (3 * S,) or bias.shape == (1, 3 * S))
+            and dtype.is_floating_point and weights.dtype is dtype and bias.dtype is dtype and h0.dtype is dtype
+            and (c0 is h0 or c0.shape == (B, S) and c0.dtype is dtype)  # LLTMLayer passes its zero state twice
             and _same_device(input, weights, bias, h0, c0)
             # last: the duck-typed reads above do not prove these are tensors
             and isinstance(input, T_) and isinstance(weights, T_) and isinstance(bias, T_)

@@ -50,6 +50,10 @@ class LLTMLayer(TorchSizeNames, ZeroBias, torch.nn.Module):
     outputs come in it.
     """
 
+    # Set by __init__; these defaults serve a module pickled before forward's commonest call had them.
+    _zero_state = None
+    _single_names = None
+
     def __init__(self, input_features: int | None = None, state_size: int | None = None, num_layers: int = 1,
                  bias: bool = True, batch_first: bool = False, dropout: float = 0.0, bidirectional: bool = False,
                  proj_size: int = 0, *,
@@ -86,6 +90,8 @@ class LLTMLayer(TorchSizeNames, ZeroBias, torch.nn.Module):
                   for suffix in self._suffixes())
             for layer in range(num_layers)
         )
+        # forward's commonest call: the (weights, bias) names of a single layer and direction, else None
+        self._single_names = self._parameter_names[0][0] if len(self._parameter_names[0]) * num_layers == 1 else None
         if not bias:
             self.register_buffer("_zero_bias", torch.zeros(3 * state_size, **factory), persistent=False)
         for layer, names in enumerate(self._parameter_names):
@@ -147,6 +153,27 @@ class LLTMLayer(TorchSizeNames, ZeroBias, torch.nn.Module):
         return text
 
     def forward(self, input, hx=None, *, state=None):
+        if (hx is None and state is None and self._single_names is not None and type(input) is torch.Tensor
+                and input.dim() == 3 and not torch._C._is_any_autocast_enabled() and not torch.compiler.is_compiling()):
+            # The commonest call, one layer and direction over a batched tensor from a zero state, checked here once
+            # for what lltm_sequence would check again; anything unusual takes the general path, whose checks name
+            # what is wrong.  Why each read counts: core_overhead.md, lltm-core's share of the sequence.
+            weights_name, bias_name = self._single_names
+            parameters = self._parameters
+            weights, bias = parameters.get(weights_name), parameters.get(bias_name)
+            if weights is None or bias is None:  # bias=False's zero buffer, or a parametrization's property
+                weights, bias = self._tensor(weights_name), self._tensor(bias_name)
+            sequence = input.transpose(0, 1) if self.batch_first else input
+            zeros = self._zero_state  # checked with the call's tensors: another batch, dtype or device fails
+            valid = zeros is not None and not _functorch_active() and sequence_args_valid(sequence, weights, bias,
+                                                                                          zeros, zeros)
+            if not valid:
+                zeros = self._new_zero_state(sequence, sequence.shape[1])
+                valid = sequence_args_valid(sequence, weights, bias, zeros, zeros)
+            if valid and bias.dim() == 1 and sequence.shape[2] == self.input_features:  # else: the general path
+                output, h, c = run_checked((sequence.contiguous(), weights.contiguous(), bias.contiguous(),
+                                            zeros, zeros), None, False, self.backend)
+                return (output.transpose(0, 1) if self.batch_first else output), (h[None], c[None])
         if state is not None:  # the name forward's state had before it took nn.LSTM's
             if hx is not None:
                 raise TypeError("LLTMLayer.forward(): give the state once, as hx (state= is its older name)")
@@ -155,24 +182,6 @@ class LLTMLayer(TorchSizeNames, ZeroBias, torch.nn.Module):
         if cast is not None:
             input, hx = _cast_input_and_state(input, hx, cast)
         state = hx
-        if state is None and cast is None and len(self._parameter_names) == 1 and len(self._parameter_names[0]) == 1 \
-                and type(input) is torch.Tensor and input.dim() == 3 and not torch.compiler.is_compiling():
-            # The commonest call, one layer and direction over a batched tensor from a zero state, checked here
-            # once for what lltm_sequence would check again; anything unusual takes the general path, whose
-            # checks name what is wrong.  Why a microsecond matters: core_overhead.md, the no_grad share.
-            weights_name, bias_name = self._parameter_names[0][0]
-            weights, bias = self._tensor(weights_name), self._tensor(bias_name)
-            sequence = input.transpose(0, 1) if self.batch_first else input
-            batch = sequence.shape[1]
-            zeros = self._zero_state
-            if (zeros is None or zeros.shape[0] != batch or zeros.dtype is not sequence.dtype
-                    or zeros.device != sequence.device or _functorch_active()):
-                zeros = self._new_zero_state(sequence, batch)
-            if (sequence.shape[2] == self.input_features and bias.dim() == 1  # lltm_sequence reshapes a (1, 3S) bias
-                    and sequence_args_valid(sequence, weights, bias, zeros, zeros)):
-                output, h, c = run_checked((sequence.contiguous(), weights.contiguous(), bias.contiguous(),
-                                            zeros, zeros), None, False, self.backend)
-                return (output.transpose(0, 1) if self.batch_first else output), (h[None], c[None])
         lengths = None
         if isinstance(input, PackedSequence):
             if torch.compiler.is_exporting():
