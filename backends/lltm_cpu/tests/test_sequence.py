@@ -31,9 +31,11 @@ DTYPES = [torch.float32, torch.float64, torch.bfloat16]
 # state past 1024, one row with GEMMs large enough to run on MKL's threads, and
 # blocks of 16 rows by K 64 / 192, which the AMX kernel reads in place (no padding),
 # and weight gradients over T x B = 279 rows: the float32 kernel's transposed A
-# in two slices of K, the second partial, over two panels of rows.
+# in two slices of K, the second partial, over two panels of rows; and gates
+# (T x B x 3S) of 2.7 MB in bfloat16 to 10.8 MB in float64, beyond a core's L2,
+# where the passes ask for each next row ahead.
 SHAPES = [(1, 1, 1, 1), (4, 3, 5, 7), (5, 33, 6, 129), (2, 2, 3, 1100), (2, 1, 3, 1200), (3, 32, 5, 64),
-          (9, 31, 6, 35)]
+          (9, 31, 6, 35), (16, 40, 9, 700)]
 
 
 @pytest.fixture(autouse=True, scope="module")

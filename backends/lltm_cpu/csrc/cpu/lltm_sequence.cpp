@@ -69,6 +69,8 @@
 #include <utility>
 #include <vector>
 
+#include <unistd.h>
+
 #include "blas.h"
 #include "block_operands.h"
 #include "kernel_common.h"
@@ -160,6 +162,18 @@ bool all_zero(const scalar_t* data, int64_t count) {
   return (any & static_cast<Bits>(std::numeric_limits<Bits>::max() >> 1)) == 0;  // the sign bit aside
 }
 
+// Whether a buffer of gates of `bytes` outgrows this CPU's L2 cache, so that
+// the passes find each step's rows beyond it and ask for them a row ahead
+// (pointwise_impl.h, prefetch_gates); false where the size is unknown.
+bool beyond_l2(int64_t bytes) {
+#ifdef _SC_LEVEL2_CACHE_SIZE
+  static const long l2_bytes = sysconf(_SC_LEVEL2_CACHE_SIZE);
+  return l2_bytes > 0 && bytes > l2_bytes;
+#else
+  return false;
+#endif
+}
+
 // A state back in `dtype`: itself where it already is (new memory either way).
 Tensor in_dtype(const Tensor& state, ScalarType dtype) {
   return state.scalar_type() == dtype ? state : fresh_copy(state, dtype);
@@ -223,6 +237,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> sequence_forward(
     const scalar_t* bias_data = bias.const_data_ptr<scalar_t>();
     const int64_t* lengths_data = lengths.has_value() ? lengths->const_data_ptr<int64_t>() : nullptr;
     const auto step_pass = pointwise_kernels<scalar_t>().sequence_forward;
+    const bool gates_beyond_l2 = beyond_l2(gates.numel() * gates.element_size());
 
     const Partition partition = choose_partition<scalar_t>(/*forward=*/true, T, B, S, w, ldw);
     // Each thread's h W_h^T operands (per block of rows, or for its
@@ -279,7 +294,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> sequence_forward(
             block_rows,
             S,
             col_begin,
-            col_end};
+            col_end,
+            gates_beyond_l2};
         step_pass(pass);
         if (barrier != nullptr) {
           barrier->wait(weight);  // all of h_t, which the next step's GEMM reads
@@ -395,6 +411,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> sequence_backward(
     const int64_t* lengths_data = lengths.has_value() ? lengths->const_data_ptr<int64_t>() : nullptr;
 
     const auto step_pass = pointwise_kernels<scalar_t>().sequence_backward;
+    const bool gates_beyond_l2 = beyond_l2(gates.numel() * gates.element_size());
     const Partition partition = choose_partition<scalar_t>(/*forward=*/false, T, B, S, w, ldw);
     // Blocks of rows: one bias sum per block, added up in block order
     // afterwards (the same order every run).  Blocks of columns: one sum,
@@ -429,7 +446,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> sequence_backward(
             rows,
             S,
             col_begin,
-            col_end};
+            col_end,
+            gates_beyond_l2};
         step_pass(pass);
         if (barrier != nullptr) {
           barrier->wait(weight);

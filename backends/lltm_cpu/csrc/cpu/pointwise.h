@@ -83,6 +83,7 @@ struct SequenceForwardStep {
   int64_t state_size;
   int64_t col_begin;  // the block's state columns: [0, state_size) for all of them
   int64_t col_end;
+  bool gates_beyond_l2 = false;  // ask for the next row's gates ahead (pointwise_impl.h, prefetch_gates)
 };
 
 // One time step of the sequence backward, undoing SequenceForwardStep, for
@@ -111,6 +112,7 @@ struct SequenceBackwardStep {
   int64_t state_size;
   int64_t col_begin;
   int64_t col_end;
+  bool gates_beyond_l2 = false;  // ask for the next row's gates and tanh(c_t) ahead (pointwise_impl.h)
 };
 
 // Each pass covers every row and the state columns [col_begin, col_end) of

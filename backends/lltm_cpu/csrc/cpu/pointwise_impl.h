@@ -259,6 +259,20 @@ void backward_pass(const BackwardPointers<scalar_t>& p, int64_t col_begin, int64
   }
 }
 
+// Asks for the next row's three gates at this column while this row
+// computes.  Where a sequence's gates outgrow L2 (gates_beyond_l2, set by
+// the caller), each step's come from L3 or memory, and the hardware
+// prefetchers, following several short streams a row, left the sequence
+// passes waiting on them; where they fit, the requests only cost
+// instructions (benchmarks/results/cpu_sequence.md, "the gates asked for a
+// row ahead").
+template <bool kForWrite, typename scalar_t>
+[[gnu::always_inline]] inline void prefetch_gates(const scalar_t* gates, int64_t S) {
+  __builtin_prefetch(gates, kForWrite);
+  __builtin_prefetch(gates + S, kForWrite);
+  __builtin_prefetch(gates + 2 * S, kForWrite);
+}
+
 // Whether a row takes part in a step of the sequence: t < its length.
 inline bool takes_part(const int64_t* lengths, int64_t row, int64_t step) {
   return lengths == nullptr || step < lengths[row];
@@ -278,6 +292,7 @@ void sequence_forward_pass(const SequenceForwardStep<scalar_t>& p) {
   const int64_t col_begin = p.col_begin, col_end = p.col_end, width = col_end - col_begin;
   for (int64_t row = 0; row < p.rows; ++row) {
     scalar_t* gates = p.gates + row * 3 * S;
+    const bool ahead = p.gates_beyond_l2 && row + 1 < p.rows;
     const int64_t row_offset = row * S;
     if (!takes_part(p.lengths, row, p.step)) {
       // Its state stays; what is saved for this row is never read, but is
@@ -296,6 +311,9 @@ void sequence_forward_pass(const SequenceForwardStep<scalar_t>& p) {
       auto load = [count](const scalar_t* ptr) { return M::load(ptr, count); };
       auto store = [count](const V& value, scalar_t* ptr) { M::store(value, ptr, count); };
 
+      if (ahead) {
+        prefetch_gates</*kForWrite=*/true>(gates + 3 * S + col, S);
+      }
       V input_pre = load(gates + col) + load(p.bias + col);
       V output_pre = load(gates + S + col) + load(p.bias + S + col);
       V candidate_pre = load(gates + 2 * S + col) + load(p.bias + 2 * S + col);
@@ -342,8 +360,14 @@ void sequence_backward_pass(const SequenceBackwardStep<scalar_t>& p) {
     const scalar_t* gates = p.gates + row * 3 * S;
     const scalar_t* grad_output = p.grad_output + row * p.grad_output_row_stride;
     const int64_t row_offset = row * S;
+    const bool ahead = p.gates_beyond_l2 && row + 1 < p.rows;
     for (int64_t col = col_begin; col < col_end; col += V::size()) {
       const int64_t count = std::min<int64_t>(V::size(), col_end - col);
+      if (ahead) {
+        prefetch_gates</*kForWrite=*/false>(gates + 3 * S + col, S);
+        prefetch_gates</*kForWrite=*/true>(grad_gates + 3 * S + col, S);
+        __builtin_prefetch(p.tanh_cell + row_offset + S + col, /*rw=*/0);
+      }
       auto load = [count](const scalar_t* ptr) { return M::load(ptr, count); };
       auto store_gate = [&](int64_t gate, const V& grad) {
         M::store(grad, grad_gates + gate * S + col, count);
