@@ -99,6 +99,8 @@ class LLTM(TorchSizeNames, ZeroBias, torch.nn.Module):
             if (lltm_args_valid(input, weights, bias, h, c) and input.shape[1] == self.input_features
                     and h.shape[1] == self.state_size):
                 return _step(input, weights, bias, h, c, self.backend)
+        if self.bias is None:
+            bias = self._zero_bias_for(weights)
         if state is not None:  # the name forward's state had before it took nn.LSTMCell's
             if hx is not None:
                 raise TypeError("LLTM.forward(): give the state once, as hx (state= is its older name)")

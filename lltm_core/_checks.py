@@ -185,6 +185,17 @@ class ZeroBias:
                 zero_bias.zero_()
         return module
 
+    def _zero_bias_for(self, weights: torch.Tensor) -> torch.Tensor:
+        """The zero bias on ``weights``' device and in their dtype, remade where it is not.
+
+        ``load_state_dict(assign=True)`` (how a module built on the meta device takes a checkpoint's
+        tensors) replaces the parameters, device and dtype included, and never reaches this buffer."""
+        zero_bias = self._buffers["_zero_bias"]
+        if zero_bias.device != weights.device or zero_bias.dtype != weights.dtype:
+            zero_bias = torch.zeros(zero_bias.shape, dtype=weights.dtype, device=weights.device)
+            self._buffers["_zero_bias"] = zero_bias
+        return zero_bias
+
 
 SEQUENCE_NAMES = ("input", "weights", "bias", "h0", "c0")
 

@@ -216,6 +216,8 @@ class LLTMLayer(TorchSizeNames, ZeroBias, torch.nn.Module):
             for direction, (weights_name, bias_name) in enumerate(names):
                 index = layer * directions + direction
                 weights, bias = self._tensor(weights_name), self._tensor(bias_name)
+                if not self.bias:
+                    bias = self._zero_bias_for(weights)
                 if cast is not None:
                     weights, bias = weights.to(cast), bias.to(cast)
                 output, h, c = lltm_sequence(

@@ -142,3 +142,27 @@ def test_fake_kernels_refuse_a_library_of_another_schema():
     library = _define("lltm_test_schema_old", schemas)  # noqa: F841 (kept alive)
     with pytest.raises(RuntimeError, match=r"lltm_test_schema_old::backward is defined as .*rebuild the backend"):
         register_fake_kernels("lltm_test_schema_old", saved_layout)
+
+
+@pytest.mark.parametrize("make", [
+    lambda **kw: lltm_core.LLTM(4, 5, bias=False, **kw),
+    lambda **kw: lltm_core.LLTMLayer(4, 5, num_layers=2, bidirectional=True, bias=False, **kw),
+], ids=["LLTM", "LLTMLayer"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_bias_false_built_on_meta_takes_a_checkpoint_by_assignment(make, dtype):
+    # load_state_dict(assign=True) takes the checkpoint's tensors, their device and dtype with them; the zero
+    # bias, outside the state_dict, must follow them rather than stay on the meta device.
+    torch.manual_seed(0)
+    source = make(backend="ref", dtype=dtype)
+    with torch.device("meta"):
+        built = make()
+    built.load_state_dict(source.state_dict(), assign=True)
+    layer = isinstance(built, lltm_core.LLTMLayer)
+    x = torch.randn(3, 2, 4, dtype=dtype) if layer else torch.randn(2, 4, dtype=dtype)
+    torch.testing.assert_close(built(x), source(x))
+    if not layer:  # the cell against the formula itself: its zero bias is no bias at all
+        h, c = torch.zeros(2, 5, dtype=dtype), torch.zeros(2, 5, dtype=dtype)
+        gates = torch.cat([h, x], 1) @ source.weights.T
+        i, o, z = gates[:, :5].sigmoid(), gates[:, 5:10].sigmoid(), torch.nn.functional.elu(gates[:, 10:])
+        new_c = c + z * i
+        torch.testing.assert_close(built(x), (new_c.tanh() * o, new_c))
