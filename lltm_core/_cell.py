@@ -7,7 +7,8 @@ import math
 import torch
 
 from . import _ops, _registry
-from ._checks import TorchSizeNames, ZeroBias, check_lltm_args, check_module_call, layer_sizes, lltm_args_valid
+from ._checks import (TorchSizeNames, ZeroBias, check_lltm_args, check_module_call, check_module_dtype, layer_sizes,
+                      lltm_args_valid)
 from ._ops import CELL
 from .backend import Backend
 
@@ -71,6 +72,7 @@ class LLTM(TorchSizeNames, ZeroBias, torch.nn.Module):
                  device=None, dtype=None):
         super().__init__()
         input_features, state_size = layer_sizes("LLTM", input_features, state_size, input_size, hidden_size)
+        check_module_dtype("LLTM", dtype)
         self.input_features = input_features
         self.state_size = state_size
         self.backend = backend

@@ -127,6 +127,14 @@ def layer_sizes(caller: str, input_features, state_size, input_size, hidden_size
     return sizes[0], sizes[1]
 
 
+def check_module_dtype(caller: str, dtype) -> None:
+    """A module's ``dtype=``: None or a floating dtype (torch would refuse an integer one only as the
+    parameters require grad, in its own words; a complex one would fail at the first call)."""
+    if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        raise TypeError(f"{caller}(): dtype must be a floating-point dtype (float32, float64, bfloat16 or "
+                        f"float16), got {dtype!r}")
+
+
 class TorchSizeNames:
     """nn.LSTMCell's and nn.LSTM's names for the sizes, so that code reading them ports unchanged."""
 

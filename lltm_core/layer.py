@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
 
-from ._checks import TorchSizeNames, ZeroBias, layer_sizes, sequence_args_valid
+from ._checks import TorchSizeNames, ZeroBias, check_module_dtype, layer_sizes, sequence_args_valid
 from ._sequence import lltm_sequence, run_checked
 
 _functorch_active = torch._C._are_functorch_transforms_active
@@ -61,6 +61,7 @@ class LLTMLayer(TorchSizeNames, ZeroBias, torch.nn.Module):
                  device=None, dtype=None):
         super().__init__()
         input_features, state_size = layer_sizes("LLTMLayer", input_features, state_size, input_size, hidden_size)
+        check_module_dtype("LLTMLayer", dtype)
         if isinstance(num_layers, bool) or not isinstance(num_layers, int) or num_layers < 1:
             raise ValueError(f"LLTMLayer(): num_layers must be an integer >= 1, got {num_layers!r}")
         if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0 <= dropout <= 1:
@@ -284,6 +285,10 @@ class LLTMLayer(TorchSizeNames, ZeroBias, torch.nn.Module):
         if sequence.shape[0] == 0:
             raise ValueError(f"LLTMLayer({self.extra_repr()}): input has 0 time steps ({shown}); "
                              f"a sequence needs at least one")
+        if not parameter.dtype.is_floating_point:  # moved by .to(torch.complex64), say
+            raise TypeError(f"LLTMLayer({self.extra_repr()}): the parameters have dtype {parameter.dtype}; the LLTM "
+                            f"computes in a floating-point dtype: .to() the module and the input to float32, "
+                            f"float64, bfloat16 or float16")
         if not dtype.is_floating_point or dtype != parameter.dtype:
             raise TypeError(f"LLTMLayer({self.extra_repr()}): input has dtype {dtype}, expected "
                             f"{parameter.dtype} (the dtype of the parameters; .to() the module or the input)")

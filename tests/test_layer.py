@@ -123,6 +123,23 @@ def test_layer_rejects_bad_construction_arguments():
         lltm_core.LLTMLayer(3, 4, dropout=2)
 
 
+@pytest.mark.parametrize("module", [lltm_core.LLTM, lltm_core.LLTMLayer])
+@pytest.mark.parametrize("dtype", [torch.int32, torch.complex64, "float32"])
+def test_a_module_of_a_dtype_the_lltm_cannot_compute_in_is_refused_as_built(module, dtype):
+    # An integer dtype raised torch's "Only Tensors of floating point and complex dtype can require
+    # gradients"; a complex one was built, and its first call said "dtype complex64, expected complex64".
+    with pytest.raises(TypeError, match=rf"{module.__name__}\(\): dtype must be a floating-point dtype .*, "
+                                        rf"got {dtype!r}"):
+        module(3, 4, dtype=dtype)
+
+
+def test_a_layer_moved_to_a_complex_dtype_says_the_parameters_are_what_is_wrong():
+    layer = lltm_core.LLTMLayer(I, S, 2).to(torch.complex64)
+    with pytest.raises(TypeError, match=r"the parameters have dtype torch.complex64; the LLTM computes in a "
+                                        r"floating-point dtype: .to\(\) the module"):
+        layer(torch.randn(T, B, I, dtype=torch.complex64))
+
+
 @pytest.mark.parametrize("num_layers, bidirectional, batch_first",
                          [(1, False, False), (2, True, True), (3, False, True), (2, True, False)])
 def test_shapes_and_packing_follow_nn_lstm(num_layers, bidirectional, batch_first):
