@@ -7,8 +7,8 @@ import math
 import torch
 
 from . import _ops, _registry
-from ._checks import (TorchSizeNames, ZeroBias, check_lltm_args, check_module_call, check_module_dtype, layer_sizes,
-                      lltm_args_valid)
+from ._checks import (NotTorchScript, TorchSizeNames, ZeroBias, check_lltm_args, check_module_call, check_module_dtype,
+                      layer_sizes, lltm_args_valid)
 from ._ops import CELL
 from .backend import Backend
 
@@ -53,7 +53,7 @@ def _step(input, weights, bias, old_h, old_cell, backend):
     return out[0], out[1]
 
 
-class LLTM(TorchSizeNames, ZeroBias, torch.nn.Module):
+class LLTM(TorchSizeNames, ZeroBias, NotTorchScript, torch.nn.Module):
     """The LLTM cell as a module, with ``torch.nn.LSTMCell``'s interface; its ``state_dict`` matches the tutorial's.
 
     ``LLTM(input_size, hidden_size, bias=True, *, backend=None, device=None,

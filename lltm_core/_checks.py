@@ -179,6 +179,26 @@ def check_module_call(module, input: torch.Tensor, parameter: torch.Tensor, stat
                              f"(the device of input)")
 
 
+class NotTorchScript:
+    """TorchScript's compiler and tracer refused, with what to use instead, for LLTM and LLTMLayer.
+
+    A module's backend is chosen, and its autograd applied, in Python, which TorchScript cannot hold:
+    torch.jit.script failed on an annotation, and torch.jit.trace kept one call's path (lltm-ref's time loop
+    for that input's length only, wrong on any other) or failed its own check of the graphs."""
+
+    def __prepare_scriptable__(self):  # torch.jit.script calls it on every module it is given, submodules too
+        raise RuntimeError(_torchscript_refusal(self, "compiled by torch.jit.script"))
+
+    def _slow_forward(self, *args, **kwargs):  # what nn.Module calls instead of forward under torch.jit.trace
+        raise RuntimeError(_torchscript_refusal(self, "recorded by torch.jit.trace"))
+
+
+def _torchscript_refusal(module, what: str) -> str:
+    return (f"{type(module).__name__} cannot be {what}: its backend is chosen, and its gradients applied, in "
+            f"Python, which TorchScript cannot hold. To run it without Python, export it with torch.export.export "
+            f"and AOTInductor (README, 'Deploying'); to speed it up in Python, torch.compile(model, fullgraph=True)")
+
+
 class ZeroBias:
     """For a module built with ``bias=False``: the zeros its kernels get as bias, a non-persistent buffer
     ``_zero_bias`` (not in the state_dict, as nn.LSTM(bias=False) has none), zero again after every

@@ -9,13 +9,13 @@ import torch
 import torch.nn.functional as F
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
 
-from ._checks import TorchSizeNames, ZeroBias, check_module_dtype, layer_sizes, sequence_args_valid
+from ._checks import NotTorchScript, TorchSizeNames, ZeroBias, check_module_dtype, layer_sizes, sequence_args_valid
 from ._sequence import lltm_sequence, run_checked
 
 _functorch_active = torch._C._are_functorch_transforms_active
 
 
-class LLTMLayer(TorchSizeNames, ZeroBias, torch.nn.Module):
+class LLTMLayer(TorchSizeNames, ZeroBias, NotTorchScript, torch.nn.Module):
     """A stack of LLTM layers run over sequences, as ``torch.nn.LSTM`` runs LSTMs.
 
     ``LLTMLayer(input_size, hidden_size, num_layers=1, bias=True,

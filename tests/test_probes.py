@@ -1,6 +1,6 @@
 """Calls a new user tried that went wrong: bias=False modules built on the meta device, a program
-exported under no_grad then run with grad on, vmap under no_grad, and the contract's schemas
-declared once (lltm_core/include/lltm_schema.h)."""
+exported under no_grad then run with grad on, vmap under no_grad, the contract's schemas
+declared once (lltm_core/include/lltm_schema.h), and TorchScript."""
 
 from __future__ import annotations
 
@@ -166,3 +166,41 @@ def test_bias_false_built_on_meta_takes_a_checkpoint_by_assignment(make, dtype):
         i, o, z = gates[:, :5].sigmoid(), gates[:, 5:10].sigmoid(), torch.nn.functional.elu(gates[:, 10:])
         new_c = c + z * i
         torch.testing.assert_close(built(x), (new_c.tanh() * o, new_c))
+
+
+# --- TorchScript ---------------------------------------------------------------------------------
+
+
+class _Model(torch.nn.Module):
+    """An LLTMLayer inside a user's model, as TorchScript would be handed it."""
+
+    def __init__(self):
+        super().__init__()
+        self.rnn = lltm_core.LLTMLayer(5, 7, num_layers=2, bidirectional=True, backend="ref")
+        self.head = torch.nn.Linear(14, 2)
+
+    def forward(self, x):
+        return self.head(self.rnn(x)[0])
+
+
+@pytest.mark.parametrize("make, shape", [
+    (lambda: lltm_core.LLTM(5, 7), (3, 5)),
+    (lambda: lltm_core.LLTMLayer(5, 7), (4, 3, 5)),
+    (_Model, (4, 3, 5)),
+], ids=["LLTM", "LLTMLayer", "inside-a-model"])
+def test_torchscript_is_refused_with_what_to_use_instead(make, shape):
+    # torch.jit.script failed with "Unknown type annotation: 'int'"; torch.jit.trace failed its check
+    # ("Graphs differed across invocations"), or, under no_grad, recorded lltm-ref's time loop for the traced
+    # length only: the loaded program then gave values near 1e27 on a longer input.
+    model, x = make(), torch.randn(shape)
+    name = "LLTM" if isinstance(model, lltm_core.LLTM) else "LLTMLayer"
+    with pytest.raises(RuntimeError, match=rf"^{name} cannot be compiled by torch.jit.script: .* torch.export"):
+        torch.jit.script(model)
+    for grad in (True, False):
+        with torch.set_grad_enabled(grad), pytest.raises(
+                RuntimeError, match=rf"^{name} cannot be recorded by torch.jit.trace: .* torch.export"):
+            torch.jit.trace(model, (x,))
+    # Neither leaves anything behind: the model still runs, and torch.export takes it.
+    with torch.no_grad():
+        expected = model(x)
+        torch.testing.assert_close(torch.export.export(model, (x,)).module()(x), expected)
