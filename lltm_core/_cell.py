@@ -8,7 +8,7 @@ import torch
 
 from . import _ops, _registry
 from ._checks import (NotTorchScript, TorchSizeNames, ZeroBias, check_lltm_args, check_module_call, check_module_dtype,
-                      layer_sizes, lltm_args_valid)
+                      fx_leaf_call, layer_sizes, lltm_args_valid)
 from ._ops import CELL
 from .backend import Backend
 
@@ -101,6 +101,9 @@ class LLTM(TorchSizeNames, ZeroBias, NotTorchScript, torch.nn.Module):
             if (lltm_args_valid(input, weights, bias, h, c) and input.shape[1] == self.input_features
                     and h.shape[1] == self.state_size):
                 return _step(input, weights, bias, h, c, self.backend)
+        if isinstance(input, torch.fx.Proxy):
+            return fx_leaf_call(self, (input,) if hx is None else (input, hx),
+                                {} if state is None else {"state": state})
         if self.bias is None:
             bias = self._zero_bias_for(weights)
         if state is not None:  # the name forward's state had before it took nn.LSTMCell's

@@ -199,6 +199,20 @@ def _torchscript_refusal(module, what: str) -> str:
             f"and AOTInductor (README, 'Deploying'); to speed it up in Python, torch.compile(model, fullgraph=True)")
 
 
+def fx_leaf_call(module, args: tuple, kwargs: dict):
+    """``module``'s call as one node, under torch.fx.symbolic_trace (its input is then a Proxy).
+
+    torch.fx records nn.LSTM so, being a module of torch.nn; tracing into LLTM or LLTMLayer would reach the
+    choice of a backend, which needs the tensors' device and dtype, which a Proxy does not have."""
+    tracer = args[0].tracer
+    path = tracer.path_of_module(module)
+    if not path:
+        raise TypeError(f"torch.fx.symbolic_trace cannot trace {type(module).__name__} itself (its backend is "
+                        f"chosen from the tensors, which tracing does not have): trace the model that holds it, in "
+                        f"which its call is one node, as nn.LSTM's is; or use torch.export.export")
+    return tracer.create_proxy("call_module", path, args, kwargs)
+
+
 class ZeroBias:
     """For a module built with ``bias=False``: the zeros its kernels get as bias, a non-persistent buffer
     ``_zero_bias`` (not in the state_dict, as nn.LSTM(bias=False) has none), zero again after every

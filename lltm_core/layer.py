@@ -9,7 +9,8 @@ import torch
 import torch.nn.functional as F
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
 
-from ._checks import NotTorchScript, TorchSizeNames, ZeroBias, check_module_dtype, layer_sizes, sequence_args_valid
+from ._checks import (NotTorchScript, TorchSizeNames, ZeroBias, check_module_dtype, fx_leaf_call, layer_sizes,
+                      sequence_args_valid)
 from ._sequence import lltm_sequence, run_checked
 
 _functorch_active = torch._C._are_functorch_transforms_active
@@ -175,6 +176,9 @@ class LLTMLayer(TorchSizeNames, ZeroBias, NotTorchScript, torch.nn.Module):
                 output, h, c = run_checked((sequence.contiguous(), weights.contiguous(), bias.contiguous(),
                                             zeros, zeros), None, False, self.backend)
                 return (output.transpose(0, 1) if self.batch_first else output), (h[None], c[None])
+        if isinstance(input, torch.fx.Proxy):
+            return fx_leaf_call(self, (input,) if hx is None else (input, hx),
+                                {} if state is None else {"state": state})
         if state is not None:  # the name forward's state had before it took nn.LSTM's
             if hx is not None:
                 raise TypeError("LLTMLayer.forward(): give the state once, as hx (state= is its older name)")

@@ -204,3 +204,33 @@ def test_torchscript_is_refused_with_what_to_use_instead(make, shape):
     with torch.no_grad():
         expected = model(x)
         torch.testing.assert_close(torch.export.export(model, (x,)).module()(x), expected)
+
+
+# --- torch.fx ------------------------------------------------------------------------------------
+
+
+class _FxModel(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.rnn = lltm_core.LLTMLayer(5, 7, num_layers=2, batch_first=True)
+        self.cell = lltm_core.LLTM(7, 3)
+
+    def forward(self, x, h_0, c_0):
+        output, (h_n, c_n) = self.rnn(x, (h_0, c_0))
+        h, c = self.cell(output[:, -1])
+        return self.cell(output[:, 0], (h, c))[0] + h_n[1].sum() - c_n[0].sum()
+
+
+def test_torch_fx_records_each_lltm_module_as_one_call_as_it_does_nn_lstm():
+    # A model holding them raised "input must be a torch.Tensor or a PackedSequence, got Proxy": torch.fx
+    # traced into their forward, where nn.LSTM, a module of torch.nn, is a leaf.
+    torch.manual_seed(0)
+    model = _FxModel()
+    traced = torch.fx.symbolic_trace(model)
+    targets = [node.target for node in traced.graph.nodes if node.op == "call_module"]
+    assert targets == ["rnn", "cell", "cell"]
+    args = (torch.randn(3, 4, 5), torch.randn(2, 3, 7), torch.randn(2, 3, 7))
+    torch.testing.assert_close(traced(*args), model(*args))
+    for module in (model.rnn, model.cell):  # alone, there is no model in which to be one call
+        with pytest.raises(TypeError, match=rf"torch.fx.symbolic_trace cannot trace {type(module).__name__} itself"):
+            torch.fx.symbolic_trace(module)
