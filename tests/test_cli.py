@@ -76,6 +76,16 @@ def test_info_explain_traces_the_choice_for_one_call(fake_backends, capsys):
                                 "reason": "priority 80, the highest that accepts the call"}
 
 
+@pytest.mark.parametrize("options", [["--shape", "1,2,3"], ["--dtype", "float16"], ["--device", "cuda"],
+                                     ["--inference"], ["--dtype", "float32", "--inference"]])
+def test_info_refuses_the_options_of_explain_without_it(options, capsys):
+    # `lltm info --dtype float16` printed the whole report, every dtype in it, as if asked nothing.
+    assert main(["info", *options]) == 2
+    captured = capsys.readouterr()
+    given = ", ".join(o for o in options if o.startswith("--"))
+    assert captured.out == "" and f"lltm info: {given} go" in captured.err and "with --explain" in captured.err
+
+
 def test_bench_json_times_each_backend_beside_the_peers():
     out = _lltm("bench", "--json", "--iterations", "20", "--size", "3,4,5")
     assert out.returncode == 0, out.stderr
