@@ -51,6 +51,8 @@ class LLTMLayer(TorchSizeNames, ZeroBias, NotTorchScript, torch.nn.Module):
     outputs come in it.
     """
 
+    #: Always 0 (the LLTM has no projection): nn.LSTM's attribute, which code written for it reads for h_0's size.
+    proj_size = 0
     # Set by __init__; these defaults serve a module pickled before forward's commonest call had them.
     _zero_state = None
     _single_names = None

@@ -26,7 +26,9 @@ def test_the_cell_takes_lstmcells_arguments_by_name_and_position():
 def test_the_layer_takes_lstms_arguments_in_lstms_order():
     torch_layer = torch.nn.LSTM(7, 3, 2, False, True, 0.0, True)
     layer = lltm_core.LLTMLayer(7, 3, 2, False, True, 0.0, True)
-    for name in ("input_size", "hidden_size", "num_layers", "bias", "batch_first", "bidirectional"):
+    # proj_size too: code written for nn.LSTM reads it for the size of h_0 (it is always 0 here).
+    for name in ("input_size", "hidden_size", "num_layers", "bias", "batch_first", "dropout", "bidirectional",
+                 "proj_size"):
         assert getattr(layer, name) == getattr(torch_layer, name), name
     keyword = lltm_core.LLTMLayer(input_size=7, hidden_size=3, bias=False)
     assert (keyword.input_size, keyword.hidden_size, keyword.bias) == (7, 3, False)
