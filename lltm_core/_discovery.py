@@ -272,7 +272,11 @@ def not_found_message(name: str, source: str) -> str:
     """
     installed = installed_names()
     close = difflib.get_close_matches(name.lower(), installed + list(INSTALL_HINTS), n=1)
-    if close and close[0] != name:
+    if "," in name:  # a list, as LLTM_DISABLE_BACKENDS takes: the close match of the whole would mislead
+        advice = (f"name one backend, not a list: a named backend runs the call or it raises, with no fallback "
+                  f"(name none, and the best that takes the tensors runs). "
+                  f"Installed: {', '.join(installed) or 'none'}.")
+    elif close and close[0] != name:
         advice = f"did you mean {close[0]!r}? Installed: {', '.join(installed) or 'none'}."
     else:
         hint = INSTALL_HINTS.get(name, f"install the distribution that provides the {name!r} lltm backend")

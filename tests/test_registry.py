@@ -203,6 +203,15 @@ def test_a_mistyped_name_gets_a_suggestion_and_a_wrong_type_a_type_error(fake_ba
         lltm_core.lltm(*make_inputs(2, 3, 4), backend=3)
 
 
+def test_a_list_of_names_is_told_to_name_one(fake_backends, monkeypatch):
+    # LLTM_BACKEND=cpu,ref, written as LLTM_DISABLE_BACKENDS takes its names, was answered "did you mean 'ref'?".
+    monkeypatch.setenv("LLTM_BACKEND", "cpu,ref")
+    with pytest.raises(BackendError, match=r"'cpu,ref' \(asked for by LLTM_BACKEND=cpu,ref\) is not installed; "
+                                           r"name one backend, not a list") as raised:
+        lltm_core.lltm(*make_inputs(2, 3, 4))
+    assert "did you mean" not in str(raised.value)
+
+
 def test_use_backend_checks_the_name_on_entry(fake_backends):
     with pytest.raises(BackendError, match=r"'nosuch' \(asked for by use_backend\(\)\) is not installed"):
         with lltm_core.use_backend("nosuch"):
