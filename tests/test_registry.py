@@ -212,6 +212,16 @@ def test_a_list_of_names_is_told_to_name_one(fake_backends, monkeypatch):
     assert "did you mean" not in str(raised.value)
 
 
+@pytest.mark.parametrize("name", ["lltm-ref", "lltm_ref", "LLTM-REF"])
+def test_a_distributions_name_is_told_its_backends(name):
+    # "lltm-ref", as the README's tables name it, was "not installed ... To get it: install the distribution
+    # that provides the 'lltm-ref' lltm backend", with lltm-ref installed.
+    with pytest.raises(BackendError, match=rf"'{name}' \(asked for by get_backend\(\)\): no backend has that name; "
+                                           r"it names the distribution, whose backend is called 'ref'") as raised:
+        lltm_core.get_backend(name)
+    assert "not installed" not in str(raised.value)
+
+
 def test_use_backend_checks_the_name_on_entry(fake_backends):
     with pytest.raises(BackendError, match=r"'nosuch' \(asked for by use_backend\(\)\) is not installed"):
         with lltm_core.use_backend("nosuch"):
