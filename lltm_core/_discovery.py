@@ -44,6 +44,7 @@ INSTALL_HINTS = {
     "ref": "pip install --no-build-isolation ./backends/lltm_ref  (from an lltm source tree)",
     "cpu": "pip install --no-build-isolation ./backends/lltm_cpu  (from an lltm source tree; compiles against your torch)",
     "cuda": "pip install --no-build-isolation ./backends/lltm_cuda  (from an lltm source tree; needs nvcc and a CUDA build of torch)",
+    "triton": "pip install --no-build-isolation ./backends/lltm_triton  (from an lltm source tree; pulls triton)",
 }
 
 

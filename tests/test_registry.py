@@ -90,6 +90,9 @@ def test_unknown_backend_names_it_and_says_what_to_install(fake_backends):
     assert "'cuda'" in message and "not installed" in message
     assert "installed: ref" in message
     assert "pip install" in message and "./backends/lltm_cuda" in message
+    # every backend of this repository has its command (triton's said "install the distribution that provides it")
+    for name in ("ref", "cpu", "cuda", "triton"):
+        assert f"./backends/lltm_{name}" in lltm_core._discovery.not_found_message(name, "backend=")
 
 
 def test_explicit_request_never_falls_back(fake_backends):
