@@ -221,6 +221,15 @@ def _explain(args) -> int:
         else:
             print(f"Call: {call.describe()}\n-> rejected before any backend is asked: {rejected}")
         return 1
+    if call.device_type == "meta":  # what lltm_core does on meta tensors, before any backend (docs/usage.md)
+        shapes_only = ("no backend: on meta tensors lltm-core gives the outputs' shapes and dtype itself and "
+                       "computes nothing (shape inference)")
+        if args.json:
+            json.dump({"call": call.describe(), "meta": shapes_only, "trace": []}, sys.stdout, indent=2)
+            print()
+        else:
+            print(f"Call: {call.describe()}\n-> {shapes_only}")
+        return 0
     trace = explain(call)
     if args.json:
         json.dump({"call": call.describe(), "trace": [t._asdict() for t in trace]}, sys.stdout, indent=2)
