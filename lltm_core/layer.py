@@ -126,7 +126,8 @@ class LLTMLayer(TorchSizeNames, ZeroBias, NotTorchScript, torch.nn.Module):
         ``cell.weights`` becomes ``weights_l0`` and ``cell.bias`` ``bias_l0``
         (copied: same layout, columns [h, x]), so the layer over a sequence
         computes what the cell looped over it does.  ``kwargs`` go to the
-        constructor (``batch_first=True``, say); more layers or a reverse
+        constructor (``batch_first=True``, say; ``dtype=`` or ``device=`` converts the copies from the
+        cell's); more layers or a reverse
         direction start freshly initialised.  The backend is the cell's unless
         ``backend=`` is given.
         """
@@ -138,8 +139,9 @@ class LLTMLayer(TorchSizeNames, ZeroBias, NotTorchScript, torch.nn.Module):
                                if isinstance(cell, LLTMLayer) else ""))
         kwargs.setdefault("backend", cell.backend)
         kwargs.setdefault("bias", cell.bias is not None)
-        layer = cls(cell.input_features, cell.state_size, device=cell.weights.device, dtype=cell.weights.dtype,
-                    **kwargs)
+        kwargs.setdefault("device", cell.weights.device)  # device= or dtype= given: the copies are converted
+        kwargs.setdefault("dtype", cell.weights.dtype)
+        layer = cls(cell.input_features, cell.state_size, **kwargs)
         with torch.no_grad():
             layer.weights_l0.copy_(cell.weights)
             if layer.bias:

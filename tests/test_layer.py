@@ -230,6 +230,18 @@ def test_a_trained_cell_loads_as_layer_zero():
     assert not layer.weights_l0.data_ptr() == cell.weights.data_ptr()  # copied, not shared
 
 
+def test_a_trained_cell_converts_to_a_layer_of_another_dtype():
+    # from_cell(cell, dtype=...) raised "got multiple values for keyword argument 'dtype'", though its
+    # keyword arguments go to the constructor.
+    torch.manual_seed(0)
+    cell = lltm_core.LLTM(I, S)
+    layer = lltm_core.LLTMLayer.from_cell(cell, dtype=torch.float64, device="cpu")
+    assert layer.weights_l0.dtype == layer.bias_l0.dtype == torch.float64
+    x = torch.randn(T, B, I, dtype=torch.float64)
+    expected = lltm_core.LLTMLayer.from_cell(cell.double(), backend="ref")(x)
+    torch.testing.assert_close(layer(x), expected)
+
+
 @pytest.mark.parametrize("num_layers, bidirectional, bias", [(1, False, True), (2, True, True), (1, False, False)],
                          ids=["one-layer", "two-layers-bidirectional", "no-bias"])
 def test_parametrized_weights_are_used_as_nn_lstm_uses_them(num_layers, bidirectional, bias):
