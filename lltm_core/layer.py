@@ -137,6 +137,10 @@ class LLTMLayer(TorchSizeNames, ZeroBias, NotTorchScript, torch.nn.Module):
             raise TypeError(f"LLTMLayer.from_cell() takes an lltm_core.LLTM (the cell), got {type(cell).__name__}"
                             + ("; a layer is already one: copy it with copy.deepcopy or load_state_dict"
                                if isinstance(cell, LLTMLayer) else ""))
+        sizes = [name for name in ("input_size", "hidden_size", "input_features", "state_size") if name in kwargs]
+        if sizes:  # else the constructor's "give input_features or input_size, not both", for sizes given once
+            raise TypeError(f"LLTMLayer.from_cell(): the sizes are the cell's (input_features={cell.input_features}, "
+                            f"state_size={cell.state_size}): leave out {', '.join(sizes)}")
         kwargs.setdefault("backend", cell.backend)
         kwargs.setdefault("bias", cell.bias is not None)
         kwargs.setdefault("device", cell.weights.device)  # device= or dtype= given: the copies are converted

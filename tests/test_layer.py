@@ -230,6 +230,13 @@ def test_a_trained_cell_loads_as_layer_zero():
     assert not layer.weights_l0.data_ptr() == cell.weights.data_ptr()  # copied, not shared
 
 
+def test_a_trained_cell_takes_no_sizes_of_its_layer():
+    # from_cell(cell, input_size=3) said "give input_features or input_size, not both", for a size given once.
+    with pytest.raises(TypeError, match=r"from_cell\(\): the sizes are the cell's \(input_features=3, state_size=5\): "
+                                        r"leave out input_size, hidden_size"):
+        lltm_core.LLTMLayer.from_cell(lltm_core.LLTM(I, S), input_size=I, hidden_size=S)
+
+
 def test_a_trained_cell_converts_to_a_layer_of_another_dtype():
     # from_cell(cell, dtype=...) raised "got multiple values for keyword argument 'dtype'", though its
     # keyword arguments go to the constructor.
