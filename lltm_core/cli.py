@@ -215,20 +215,12 @@ def _explain(args) -> int:
                 steps, not args.inference)
     rejected = _argument_error(call)
     if rejected:  # lltm_core refuses such a call before asking any backend
-        if args.json:
-            json.dump({"call": call.describe(), "rejected": rejected, "trace": []}, sys.stdout, indent=2)
-            print()
-        else:
-            print(f"Call: {call.describe()}\n-> rejected before any backend is asked: {rejected}")
+        _print_without_trace(args, call, "rejected", rejected, f"rejected before any backend is asked: {rejected}")
         return 1
     if call.device_type == "meta":  # what lltm_core does on meta tensors, before any backend (docs/usage.md)
         shapes_only = ("no backend: on meta tensors lltm-core gives the outputs' shapes and dtype itself and "
                        "computes nothing (shape inference)")
-        if args.json:
-            json.dump({"call": call.describe(), "meta": shapes_only, "trace": []}, sys.stdout, indent=2)
-            print()
-        else:
-            print(f"Call: {call.describe()}\n-> {shapes_only}")
+        _print_without_trace(args, call, "meta", shapes_only, shapes_only)
         return 0
     trace = explain(call)
     if args.json:
@@ -240,6 +232,15 @@ def _explain(args) -> int:
     chosen = [t.name for t in trace if t.verdict == "chosen"]
     print(f"-> {chosen[0]}" if chosen else "-> no backend can run this call")
     return 0 if chosen else 1
+
+
+def _print_without_trace(args, call, key: str, text: str, line: str) -> None:
+    """A call whose choice no backend takes part in: ``{"call", key: text, "trace": []}`` with --json, else ``line``."""
+    if args.json:
+        json.dump({"call": call.describe(), key: text, "trace": []}, sys.stdout, indent=2)
+        print()
+    else:
+        print(f"Call: {call.describe()}\n-> {line}")
 
 
 def _argument_error(call) -> str | None:
