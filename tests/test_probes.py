@@ -234,3 +234,29 @@ def test_torch_fx_records_each_lltm_module_as_one_call_as_it_does_nn_lstm():
     for module in (model.rnn, model.cell):  # alone, there is no model in which to be one call
         with pytest.raises(TypeError, match=rf"torch.fx.symbolic_trace cannot trace {type(module).__name__} itself"):
             torch.fx.symbolic_trace(module)
+
+
+# --- a saved program, loaded in a new process -----------------------------------------------------
+
+
+@pytest.mark.parametrize("backend", _backends())
+def test_a_saved_program_loads_in_a_new_process_after_get_backend(backend, tmp_path):
+    # import lltm_core loads no backend: torch.export.load failed to resolve lltm_cpu::sequence_forward, and
+    # for lltm-ref's program lltm::ref_sequence_forward, which only a trace in the same process registered.
+    import subprocess
+    import sys
+
+    torch.manual_seed(0)
+    model = lltm_core.LLTMLayer(5, 7, num_layers=2, bidirectional=True, backend=backend).eval()
+    x = torch.randn(4, 3, 5)
+    torch.export.save(torch.export.export(model, (x,)), tmp_path / "program.pt2")
+    with torch.no_grad():
+        torch.save((x, model(x)), tmp_path / "expected.pt")
+    script = (f"import torch, lltm_core\n"
+              f"lltm_core.get_backend({backend!r})\n"
+              f"program = torch.export.load({str(tmp_path / 'program.pt2')!r})\n"
+              f"x, expected = torch.load({str(tmp_path / 'expected.pt')!r})\n"
+              f"with torch.no_grad():\n"
+              f"    torch.testing.assert_close(program.module()(x), expected)\n")
+    ran = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert ran.returncode == 0, ran.stderr[-3000:]
