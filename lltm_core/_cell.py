@@ -7,8 +7,8 @@ import math
 import torch
 
 from . import _ops, _registry
-from ._checks import (NotTorchScript, TorchSizeNames, ZeroBias, check_lltm_args, check_module_call, check_module_dtype,
-                      fx_leaf_call, layer_sizes, lltm_args_valid)
+from ._checks import (NotTorchScript, TorchSizeNames, ZeroBias, backend_repr, check_lltm_args, check_module_call,
+                      check_module_dtype, fx_leaf_call, layer_sizes, lltm_args_valid)
 from ._ops import CELL
 from .backend import Backend
 
@@ -162,4 +162,4 @@ class LLTM(TorchSizeNames, ZeroBias, NotTorchScript, torch.nn.Module):
         text = f"input_features={self.input_features}, state_size={self.state_size}"
         if self.bias is None:
             text += ", bias=False"
-        return text + (f", backend={self.backend!r}" if self.backend is not None else "")
+        return text + (f", backend={backend_repr(self.backend)}" if self.backend is not None else "")

@@ -6,6 +6,8 @@ import sys
 
 import torch
 
+from .backend import Backend
+
 NAMES = ("input", "weights", "bias", "old_h", "old_cell")
 
 
@@ -125,6 +127,12 @@ def layer_sizes(caller: str, input_features, state_size, input_size, hidden_size
             raise ValueError(f"{caller}(): {tutorial} ({torch_name}) must be an integer >= 1, got {value!r}")
         sizes.append(value)
     return sizes[0], sizes[1]
+
+
+def backend_repr(backend) -> str:
+    """A module's ``backend=`` as its repr and its errors show it: a Backend object by its name, not by its
+    fields (kernels, functions and all: hundreds of characters in every message)."""
+    return f"Backend({backend.name!r})" if isinstance(backend, Backend) else repr(backend)
 
 
 def check_module_dtype(caller: str, dtype) -> None:

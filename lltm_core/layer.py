@@ -9,8 +9,8 @@ import torch
 import torch.nn.functional as F
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
 
-from ._checks import (NotTorchScript, TorchSizeNames, ZeroBias, check_module_dtype, fx_leaf_call, layer_sizes,
-                      sequence_args_valid)
+from ._checks import (NotTorchScript, TorchSizeNames, ZeroBias, backend_repr, check_module_dtype, fx_leaf_call,
+                      layer_sizes, sequence_args_valid)
 from ._sequence import lltm_sequence, run_checked
 
 _functorch_active = torch._C._are_functorch_transforms_active
@@ -156,11 +156,10 @@ class LLTMLayer(TorchSizeNames, ZeroBias, NotTorchScript, torch.nn.Module):
         text = f"{self.input_features}, {self.state_size}"
         if self.num_layers != 1:
             text += f", num_layers={self.num_layers}"
-        for name, default in (("bias", True), ("batch_first", False), ("dropout", 0.0), ("bidirectional", False),
-                              ("backend", None)):
+        for name, default in (("bias", True), ("batch_first", False), ("dropout", 0.0), ("bidirectional", False)):
             if getattr(self, name) != default:
                 text += f", {name}={getattr(self, name)!r}"
-        return text
+        return text + (f", backend={backend_repr(self.backend)}" if self.backend is not None else "")
 
     def forward(self, input, hx=None, *, state=None):
         if (hx is None and state is None and self._single_names is not None and type(input) is torch.Tensor
