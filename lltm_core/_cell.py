@@ -8,7 +8,7 @@ import torch
 
 from . import _ops, _registry
 from ._checks import (NotTorchScript, TorchSizeNames, ZeroBias, backend_repr, check_lltm_args, check_module_call,
-                      check_module_dtype, fx_leaf_call, layer_sizes, lltm_args_valid)
+                      check_module_options, fx_leaf_call, layer_sizes, lltm_args_valid)
 from ._ops import CELL
 from .backend import Backend
 
@@ -72,7 +72,7 @@ class LLTM(TorchSizeNames, ZeroBias, NotTorchScript, torch.nn.Module):
                  device=None, dtype=None):
         super().__init__()
         input_features, state_size = layer_sizes("LLTM", input_features, state_size, input_size, hidden_size)
-        check_module_dtype("LLTM", dtype)
+        check_module_options("LLTM", dtype, backend)
         self.input_features = input_features
         self.state_size = state_size
         self.backend = backend

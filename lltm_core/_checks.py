@@ -135,12 +135,16 @@ def backend_repr(backend) -> str:
     return f"Backend({backend.name!r})" if isinstance(backend, Backend) else repr(backend)
 
 
-def check_module_dtype(caller: str, dtype) -> None:
+def check_module_options(caller: str, dtype, backend) -> None:
     """A module's ``dtype=``: None or a floating dtype (torch would refuse an integer one only as the
-    parameters require grad, in its own words; a complex one would fail at the first call)."""
+    parameters require grad, in its own words; a complex one would fail at the first call).  Its
+    ``backend=``: None, a name or a Backend (whether that is installed is the first call's question)."""
     if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
         raise TypeError(f"{caller}(): dtype must be a floating-point dtype (float32, float64, bfloat16 or "
                         f"float16), got {dtype!r}")
+    if backend is not None and not isinstance(backend, (str, Backend)):
+        raise TypeError(f"{caller}(): backend must be a backend's name or an lltm_core.Backend (or None: the best "
+                        f"for the tensors), got {type(backend).__name__} {backend!r}")
 
 
 class TorchSizeNames:

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
 
-from ._checks import (NotTorchScript, TorchSizeNames, ZeroBias, backend_repr, check_module_dtype, fx_leaf_call,
+from ._checks import (NotTorchScript, TorchSizeNames, ZeroBias, backend_repr, check_module_options, fx_leaf_call,
                       layer_sizes, sequence_args_valid)
 from ._sequence import lltm_sequence, run_checked
 
@@ -64,7 +64,7 @@ class LLTMLayer(TorchSizeNames, ZeroBias, NotTorchScript, torch.nn.Module):
                  device=None, dtype=None):
         super().__init__()
         input_features, state_size = layer_sizes("LLTMLayer", input_features, state_size, input_size, hidden_size)
-        check_module_dtype("LLTMLayer", dtype)
+        check_module_options("LLTMLayer", dtype, backend)
         if isinstance(num_layers, bool) or not isinstance(num_layers, int) or num_layers < 1:
             raise ValueError(f"LLTMLayer(): num_layers must be an integer >= 1, got {num_layers!r}")
         if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0 <= dropout <= 1:

@@ -133,6 +133,15 @@ def test_a_module_of_a_dtype_the_lltm_cannot_compute_in_is_refused_as_built(modu
         module(3, 4, dtype=dtype)
 
 
+@pytest.mark.parametrize("module", [lltm_core.LLTM, lltm_core.LLTMLayer])
+def test_a_backend_of_the_wrong_type_is_refused_as_built(module):
+    # backend=3 was kept, and every call then raised "backend= takes a backend name or an lltm_core.Backend".
+    with pytest.raises(TypeError, match=rf"^{module.__name__}\(\): backend must be a backend's name or an "
+                                        r"lltm_core.Backend .*got int 3"):
+        module(3, 4, backend=3)
+    assert module(3, 4, backend=lltm_core.get_backend("ref")).backend.name == "ref"
+
+
 def test_a_layer_moved_to_a_complex_dtype_says_the_parameters_are_what_is_wrong():
     layer = lltm_core.LLTMLayer(I, S, 2).to(torch.complex64)
     with pytest.raises(TypeError, match=r"the parameters have dtype torch.complex64; the LLTM computes in a "
