@@ -342,7 +342,8 @@ def _autocast_dtype(input) -> torch.dtype | None:
     if not torch._C._is_any_autocast_enabled():  # the common case, in one cheap call
         return None
     data = input.data if isinstance(input, PackedSequence) else input
-    if not isinstance(data, torch.Tensor) or not data.is_floating_point():
+    # float64 is left alone, as autocast leaves it for every op (nn.LSTM's included): a double model stays double.
+    if not isinstance(data, torch.Tensor) or not data.is_floating_point() or data.dtype is torch.float64:
         return None
     device_type = data.device.type
     if torch.amp.is_autocast_available(device_type) and torch.is_autocast_enabled(device_type):
