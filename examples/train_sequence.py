@@ -197,6 +197,30 @@ def _torchrun_env() -> dict | None:
     return {name: int(os.environ[name]) for name in names} if all(n in os.environ for n in names) else None
 
 
+def _check_arguments(parser: argparse.ArgumentParser, args) -> None:
+    """Exit with argparse's usage and one line for a value that would otherwise fail mid-run, or at the end."""
+    for name in ("steps", "batch", "log_every"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    if args.save_every < 0:
+        parser.error(f"--save-every must be 0 (only at the end) or more, got {args.save_every}")
+    if args.save is not None and not os.path.isdir(os.path.dirname(os.path.abspath(args.save))):
+        parser.error(f"--save {args.save}: its folder does not exist (the checkpoint is written after training)")
+    if args.resume is not None and not os.path.isfile(args.resume):
+        parser.error(f"--resume {args.resume}: no such file")
+    try:
+        device = torch.device(args.device)
+    except RuntimeError:
+        parser.error(f"--device takes cpu or cuda, got {args.device!r}")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        parser.error(f"--device {args.device}: this torch sees no CUDA device"
+                     + ("" if torch.version.cuda else " (it is a CPU-only build)"))
+    try:  # the backend asked for, on the tensors it would get: its error, without a traceback
+        lltm_core.get_backend(args.backend, device=device) if args.backend is not None else None
+    except lltm_core.BackendError as exc:
+        parser.error(f"--backend {args.backend}: {exc}")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=150, help="train up to this step (default 150)")
@@ -213,6 +237,7 @@ def main() -> None:
     p.add_argument("--resume", metavar="PATH", help="continue from this checkpoint")
     p.add_argument("--log-every", type=int, default=25, metavar="K", help="print the loss every K steps")
     args = p.parse_args()
+    _check_arguments(p, args)
 
     env = _torchrun_env()
     device = torch.device(args.device)

@@ -7,7 +7,8 @@ import math
 import torch
 
 from . import _ops, _registry
-from ._checks import TorchSizeNames, ZeroBias, check_lltm_args, check_module_call, layer_sizes, lltm_args_valid
+from ._checks import (NotTorchScript, TorchSizeNames, ZeroBias, backend_repr, check_lltm_args, check_module_call,
+                      check_module_options, fx_leaf_call, layer_sizes, lltm_args_valid)
 from ._ops import CELL
 from .backend import Backend
 
@@ -52,7 +53,7 @@ def _step(input, weights, bias, old_h, old_cell, backend):
     return out[0], out[1]
 
 
-class LLTM(TorchSizeNames, ZeroBias, torch.nn.Module):
+class LLTM(TorchSizeNames, ZeroBias, NotTorchScript, torch.nn.Module):
     """The LLTM cell as a module, with ``torch.nn.LSTMCell``'s interface; its ``state_dict`` matches the tutorial's.
 
     ``LLTM(input_size, hidden_size, bias=True, *, backend=None, device=None,
@@ -71,6 +72,7 @@ class LLTM(TorchSizeNames, ZeroBias, torch.nn.Module):
                  device=None, dtype=None):
         super().__init__()
         input_features, state_size = layer_sizes("LLTM", input_features, state_size, input_size, hidden_size)
+        check_module_options("LLTM", dtype, backend)
         self.input_features = input_features
         self.state_size = state_size
         self.backend = backend
@@ -99,6 +101,11 @@ class LLTM(TorchSizeNames, ZeroBias, torch.nn.Module):
             if (lltm_args_valid(input, weights, bias, h, c) and input.shape[1] == self.input_features
                     and h.shape[1] == self.state_size):
                 return _step(input, weights, bias, h, c, self.backend)
+        if isinstance(input, torch.fx.Proxy):
+            return fx_leaf_call(self, (input,) if hx is None else (input, hx),
+                                {} if state is None else {"state": state})
+        if self.bias is None:
+            bias = self._zero_bias_for(weights)
         if state is not None:  # the name forward's state had before it took nn.LSTMCell's
             if hx is not None:
                 raise TypeError("LLTM.forward(): give the state once, as hx (state= is its older name)")
@@ -155,4 +162,4 @@ class LLTM(TorchSizeNames, ZeroBias, torch.nn.Module):
         text = f"input_features={self.input_features}, state_size={self.state_size}"
         if self.bias is None:
             text += ", bias=False"
-        return text + (f", backend={self.backend!r}" if self.backend is not None else "")
+        return text + (f", backend={backend_repr(self.backend)}" if self.backend is not None else "")

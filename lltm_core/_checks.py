@@ -6,6 +6,8 @@ import sys
 
 import torch
 
+from .backend import Backend
+
 NAMES = ("input", "weights", "bias", "old_h", "old_cell")
 
 
@@ -127,6 +129,24 @@ def layer_sizes(caller: str, input_features, state_size, input_size, hidden_size
     return sizes[0], sizes[1]
 
 
+def backend_repr(backend) -> str:
+    """A module's ``backend=`` as its repr and its errors show it: a Backend object by its name, not by its
+    fields (kernels, functions and all: hundreds of characters in every message)."""
+    return f"Backend({backend.name!r})" if isinstance(backend, Backend) else repr(backend)
+
+
+def check_module_options(caller: str, dtype, backend) -> None:
+    """A module's ``dtype=``: None or a floating dtype (torch would refuse an integer one only as the
+    parameters require grad, in its own words; a complex one would fail at the first call).  Its
+    ``backend=``: None, a name or a Backend (whether that is installed is the first call's question)."""
+    if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        raise TypeError(f"{caller}(): dtype must be a floating-point dtype (float32, float64, bfloat16 or "
+                        f"float16), got {dtype!r}")
+    if backend is not None and not isinstance(backend, (str, Backend)):
+        raise TypeError(f"{caller}(): backend must be a backend's name or an lltm_core.Backend (or None: the best "
+                        f"for the tensors), got {type(backend).__name__} {backend!r}")
+
+
 class TorchSizeNames:
     """nn.LSTMCell's and nn.LSTM's names for the sizes, so that code reading them ports unchanged."""
 
@@ -171,6 +191,40 @@ def check_module_call(module, input: torch.Tensor, parameter: torch.Tensor, stat
                              f"(the device of input)")
 
 
+class NotTorchScript:
+    """TorchScript's compiler and tracer refused, with what to use instead, for LLTM and LLTMLayer.
+
+    A module's backend is chosen, and its autograd applied, in Python, which TorchScript cannot hold:
+    torch.jit.script failed on an annotation, and torch.jit.trace kept one call's path (lltm-ref's time loop
+    for that input's length only, wrong on any other) or failed its own check of the graphs."""
+
+    def __prepare_scriptable__(self):  # torch.jit.script calls it on every module it is given, submodules too
+        raise RuntimeError(_torchscript_refusal(self, "compiled by torch.jit.script"))
+
+    def _slow_forward(self, *args, **kwargs):  # what nn.Module calls instead of forward under torch.jit.trace
+        raise RuntimeError(_torchscript_refusal(self, "recorded by torch.jit.trace"))
+
+
+def _torchscript_refusal(module, what: str) -> str:
+    return (f"{type(module).__name__} cannot be {what}: its backend is chosen, and its gradients applied, in "
+            f"Python, which TorchScript cannot hold. To run it without Python, export it with torch.export.export "
+            f"and AOTInductor (README, 'Deploying'); to speed it up in Python, torch.compile(model, fullgraph=True)")
+
+
+def fx_leaf_call(module, args: tuple, kwargs: dict):
+    """``module``'s call as one node, under torch.fx.symbolic_trace (its input is then a Proxy).
+
+    torch.fx records nn.LSTM so, being a module of torch.nn; tracing into LLTM or LLTMLayer would reach the
+    choice of a backend, which needs the tensors' device and dtype, which a Proxy does not have."""
+    tracer = args[0].tracer
+    path = tracer.path_of_module(module)
+    if not path:
+        raise TypeError(f"torch.fx.symbolic_trace cannot trace {type(module).__name__} itself (its backend is "
+                        f"chosen from the tensors, which tracing does not have): trace the model that holds it, in "
+                        f"which its call is one node, as nn.LSTM's is; or use torch.export.export")
+    return tracer.create_proxy("call_module", path, args, kwargs)
+
+
 class ZeroBias:
     """For a module built with ``bias=False``: the zeros its kernels get as bias, a non-persistent buffer
     ``_zero_bias`` (not in the state_dict, as nn.LSTM(bias=False) has none), zero again after every
@@ -184,6 +238,17 @@ class ZeroBias:
             with torch.no_grad():
                 zero_bias.zero_()
         return module
+
+    def _zero_bias_for(self, weights: torch.Tensor) -> torch.Tensor:
+        """The zero bias on ``weights``' device and in their dtype, remade where it is not.
+
+        ``load_state_dict(assign=True)`` (how a module built on the meta device takes a checkpoint's
+        tensors) replaces the parameters, device and dtype included, and never reaches this buffer."""
+        zero_bias = self._buffers["_zero_bias"]
+        if zero_bias.device != weights.device or zero_bias.dtype != weights.dtype:
+            zero_bias = torch.zeros(zero_bias.shape, dtype=weights.dtype, device=weights.device)
+            self._buffers["_zero_bias"] = zero_bias
+        return zero_bias
 
 
 SEQUENCE_NAMES = ("input", "weights", "bias", "h0", "c0")

@@ -44,6 +44,7 @@ INSTALL_HINTS = {
     "ref": "pip install --no-build-isolation ./backends/lltm_ref  (from an lltm source tree)",
     "cpu": "pip install --no-build-isolation ./backends/lltm_cpu  (from an lltm source tree; compiles against your torch)",
     "cuda": "pip install --no-build-isolation ./backends/lltm_cuda  (from an lltm source tree; needs nvcc and a CUDA build of torch)",
+    "triton": "pip install --no-build-isolation ./backends/lltm_triton  (from an lltm source tree; pulls triton)",
 }
 
 
@@ -271,8 +272,23 @@ def not_found_message(name: str, source: str) -> str:
     Lists installed names without loading them, so that a named call stays isolated from the rest.
     """
     installed = installed_names()
-    close = difflib.get_close_matches(name.lower(), installed + list(INSTALL_HINTS), n=1)
-    if close and close[0] != name:
+    # A distribution's name (lltm-cpu, lltm_cpu) for its backend's (cpu): too far apart for difflib.
+    normalized = name.lower().replace("_", "-")
+    backends_by_distribution = {rec.distribution.lower().replace("_", "-"): rec.name
+                                for recs in records_by_name().values() for rec in recs}
+    if normalized in backends_by_distribution:
+        return (f"lltm backend {name!r} (asked for by {source}): no backend has that name; it names the "
+                f"distribution, whose backend is called {backends_by_distribution[normalized]!r}: pass that. "
+                f"Installed backends: {', '.join(installed)}. `lltm info` lists every backend lltm-core can see.")
+    known = installed + list(INSTALL_HINTS)
+    in_tree = normalized.removeprefix("lltm-")  # lltm-cuda, say, not installed: named by its backend's name below
+    close = ([in_tree] if normalized.startswith("lltm-") and in_tree in known
+             else difflib.get_close_matches(name.lower(), known, n=1))
+    if "," in name:  # a list, as LLTM_DISABLE_BACKENDS takes: the close match of the whole would mislead
+        advice = (f"name one backend, not a list: a named backend runs the call or it raises, with no fallback "
+                  f"(name none, and the best that takes the tensors runs). "
+                  f"Installed: {', '.join(installed) or 'none'}.")
+    elif close and close[0] != name:
         advice = f"did you mean {close[0]!r}? Installed: {', '.join(installed) or 'none'}."
     else:
         hint = INSTALL_HINTS.get(name, f"install the distribution that provides the {name!r} lltm backend")

@@ -7,6 +7,8 @@ unavailable backends with their reasons.
 
 from __future__ import annotations
 
+import torch
+
 from . import _registry
 from ._registry import TraceEntry
 from .backend import Call
@@ -22,6 +24,7 @@ def explain(call: Call) -> list[TraceEntry]:
     """
     if not isinstance(call, Call):
         raise TypeError(f"explain() takes an lltm_core.Call, got {type(call).__name__}")
+    _check_call(call)
     name, source = _registry.requested()
     ranking = _registry.rank(call.device_type, call.dtype, name, source)
     if ranking.error and name is not None:
@@ -35,3 +38,24 @@ def explain(call: Call) -> list[TraceEntry]:
         path = f"the call would fail: {exc}"
     return [entry._replace(reason=f"{entry.reason}; {path}") if entry.verdict == "chosen" and path else entry
             for entry in trace]
+
+
+def _check_call(call: Call) -> None:
+    """Fields a caller may get wrong, named: the rule would answer any tuple, a string dtype with
+    "it takes ... float32, ..., not float32" and an op it does not know as if it were the cell."""
+    if call.op not in ("cell", "sequence"):
+        raise ValueError(f"explain(): Call.op must be 'cell' or 'sequence', got {call.op!r}")
+    if not isinstance(call.device_type, str) or ":" in call.device_type:
+        raise ValueError(f"explain(): Call.device_type is a device type such as 'cpu' or 'cuda' (no index), "
+                         f"got {call.device_type!r}")
+    if not isinstance(call.dtype, torch.dtype):
+        raise TypeError(f"explain(): Call.dtype must be a torch.dtype (torch.float32, say), got {call.dtype!r}")
+    sizes = {"batch": call.batch, "input_features": call.input_features, "state_size": call.state_size}
+    if call.op == "sequence":
+        sizes["steps"] = call.steps
+    elif call.steps is not None:
+        raise ValueError(f"explain(): Call.steps is None for the cell (one step), got {call.steps!r}")
+    for name, value in sizes.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"explain(): Call.{name} must be a non-negative integer, got {value!r}"
+                             + (" (a sequence's number of time steps)" if name == "steps" else ""))

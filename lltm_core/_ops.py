@@ -309,6 +309,15 @@ def register(op: Op, backend: Backend):
     return entry[1], entry[2]
 
 
+def register_graph_operators(backend: Backend) -> None:
+    """lltm's operators ``lltm::<name>_*`` for ``backend``'s kernels that are not operators of their own: what
+    a graph traced on it calls, and what ``torch.export.load`` must find registered (:func:`register`)."""
+    for op in OPS.values():
+        kernels = backend.kernels.get(op.name)
+        if kernels is not None and not has_operators(kernels):
+            register(op, backend)
+
+
 def _forward_arguments(op: Op, args: tuple):
     """(the op's own arguments, named, needs_backward) of a call of its forward operator.
 

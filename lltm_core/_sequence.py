@@ -91,6 +91,8 @@ def _without_padding(input, lengths, compiling: bool):
     Rows take no part in those steps, but a kernel's GEMMs still multiply their inputs by zero
     gradients, and NaN * 0 is NaN: zeroed here, nothing there reaches a result or a gradient.
     """
+    if input.is_meta:  # shape inference: no values to zero, nor any to test
+        return input
     past = torch.arange(input.shape[0], device=input.device).unsqueeze(1) >= lengths  # (T, B)
     if not compiling and not past.any():  # a traced graph cannot branch on the values: it always masks
         return input

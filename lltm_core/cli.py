@@ -152,8 +152,8 @@ def main(argv: list[str] | None = None) -> int:
     info.add_argument("--explain", choices=("cell", "sequence"), metavar="OP",
                       help="instead, trace the choice of backend for one call: 'cell' or 'sequence' (needs --shape)")
     info.add_argument("--shape", metavar="SIZES", help="with --explain: T,B,I,S for a sequence, B,I,S for the cell")
-    info.add_argument("--device", default="cpu", help="with --explain: the tensors' device (default: cpu)")
-    info.add_argument("--dtype", default="float32", choices=[str(d)[6:] for d in _DTYPES],
+    info.add_argument("--device", help="with --explain: the tensors' device (default: cpu)")
+    info.add_argument("--dtype", choices=[str(d)[6:] for d in _DTYPES],
                       help="with --explain: the tensors' dtype (default: float32)")
     info.add_argument("--inference", action="store_true",
                       help="with --explain: a call that needs no backward (torch.no_grad())")
@@ -171,11 +171,15 @@ def main(argv: list[str] | None = None) -> int:
 def _run(args) -> int:
     from . import bench
 
-    if args.command == "info" and (args.explain or args.shape):
-        if not args.explain:
-            print(f"lltm info: --shape goes with --explain cell|sequence (the call whose choice to trace), "
-                  f"e.g. lltm info --explain sequence --shape 64,16,32,128", file=sys.stderr)
+    if args.command == "info" and not args.explain:
+        # Each of these describes the one call --explain traces; without it, they would be ignored unseen.
+        given = [f"--{name}" for name in ("shape", "device", "dtype", "inference") if getattr(args, name)]
+        if given:
+            print(f"lltm info: {', '.join(given)} {'goes' if len(given) == 1 else 'go'} with --explain cell|sequence "
+                  f"(the call whose choice to trace), e.g. lltm info --explain sequence --shape 64,16,32,128 "
+                  f"--dtype bfloat16; `lltm info` alone lists the choice for every device and dtype", file=sys.stderr)
             return 2
+    if args.command == "info" and args.explain:
         return _explain(args)
     if args.command == "info":
         data = info_data()
@@ -200,23 +204,24 @@ def _explain(args) -> int:
               f"(non-negative integers), got --shape {args.shape!r}", file=sys.stderr)
         return 2
     try:
-        device = torch.device(args.device)
+        device = torch.device(args.device or "cpu")
     except RuntimeError:
         print(f"lltm info: --device {args.device!r} is not a device torch knows; give a device type such as "
               f"cpu or cuda (the devices lltm knows: {', '.join(d for d, _ in _devices())})", file=sys.stderr)
         return 2
     sizes = [int(v) for v in sizes]
     steps, (batch, features, state) = (sizes[0], sizes[1:]) if want == 4 else (None, sizes)
-    call = Call(args.explain, device.type, getattr(torch, args.dtype), batch, features, state,
+    call = Call(args.explain, device.type, getattr(torch, args.dtype or "float32"), batch, features, state,
                 steps, not args.inference)
     rejected = _argument_error(call)
     if rejected:  # lltm_core refuses such a call before asking any backend
-        if args.json:
-            json.dump({"call": call.describe(), "rejected": rejected, "trace": []}, sys.stdout, indent=2)
-            print()
-        else:
-            print(f"Call: {call.describe()}\n-> rejected before any backend is asked: {rejected}")
+        _print_without_trace(args, call, "rejected", rejected, f"rejected before any backend is asked: {rejected}")
         return 1
+    if call.device_type == "meta":  # what lltm_core does on meta tensors, before any backend (docs/usage.md)
+        shapes_only = ("no backend: on meta tensors lltm-core gives the outputs' shapes and dtype itself and "
+                       "computes nothing (shape inference)")
+        _print_without_trace(args, call, "meta", shapes_only, shapes_only)
+        return 0
     trace = explain(call)
     if args.json:
         json.dump({"call": call.describe(), "trace": [t._asdict() for t in trace]}, sys.stdout, indent=2)
@@ -227,6 +232,15 @@ def _explain(args) -> int:
     chosen = [t.name for t in trace if t.verdict == "chosen"]
     print(f"-> {chosen[0]}" if chosen else "-> no backend can run this call")
     return 0 if chosen else 1
+
+
+def _print_without_trace(args, call, key: str, text: str, line: str) -> None:
+    """A call whose choice no backend takes part in: ``{"call", key: text, "trace": []}`` with --json, else ``line``."""
+    if args.json:
+        json.dump({"call": call.describe(), key: text, "trace": []}, sys.stdout, indent=2)
+        print()
+    else:
+        print(f"Call: {call.describe()}\n-> {line}")
 
 
 def _argument_error(call) -> str | None:

@@ -9,13 +9,14 @@ import torch
 import torch.nn.functional as F
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
 
-from ._checks import TorchSizeNames, ZeroBias, layer_sizes, sequence_args_valid
+from ._checks import (NotTorchScript, TorchSizeNames, ZeroBias, backend_repr, check_module_options, fx_leaf_call,
+                      layer_sizes, sequence_args_valid)
 from ._sequence import lltm_sequence, run_checked
 
 _functorch_active = torch._C._are_functorch_transforms_active
 
 
-class LLTMLayer(TorchSizeNames, ZeroBias, torch.nn.Module):
+class LLTMLayer(TorchSizeNames, ZeroBias, NotTorchScript, torch.nn.Module):
     """A stack of LLTM layers run over sequences, as ``torch.nn.LSTM`` runs LSTMs.
 
     ``LLTMLayer(input_size, hidden_size, num_layers=1, bias=True,
@@ -50,6 +51,8 @@ class LLTMLayer(TorchSizeNames, ZeroBias, torch.nn.Module):
     outputs come in it.
     """
 
+    #: Always 0 (the LLTM has no projection): nn.LSTM's attribute, which code written for it reads for h_0's size.
+    proj_size = 0
     # Set by __init__; these defaults serve a module pickled before forward's commonest call had them.
     _zero_state = None
     _single_names = None
@@ -61,6 +64,7 @@ class LLTMLayer(TorchSizeNames, ZeroBias, torch.nn.Module):
                  device=None, dtype=None):
         super().__init__()
         input_features, state_size = layer_sizes("LLTMLayer", input_features, state_size, input_size, hidden_size)
+        check_module_options("LLTMLayer", dtype, backend)
         if isinstance(num_layers, bool) or not isinstance(num_layers, int) or num_layers < 1:
             raise ValueError(f"LLTMLayer(): num_layers must be an integer >= 1, got {num_layers!r}")
         if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0 <= dropout <= 1:
@@ -122,7 +126,8 @@ class LLTMLayer(TorchSizeNames, ZeroBias, torch.nn.Module):
         ``cell.weights`` becomes ``weights_l0`` and ``cell.bias`` ``bias_l0``
         (copied: same layout, columns [h, x]), so the layer over a sequence
         computes what the cell looped over it does.  ``kwargs`` go to the
-        constructor (``batch_first=True``, say); more layers or a reverse
+        constructor (``batch_first=True``, say; ``dtype=`` or ``device=`` converts the copies from the
+        cell's); more layers or a reverse
         direction start freshly initialised.  The backend is the cell's unless
         ``backend=`` is given.
         """
@@ -132,10 +137,15 @@ class LLTMLayer(TorchSizeNames, ZeroBias, torch.nn.Module):
             raise TypeError(f"LLTMLayer.from_cell() takes an lltm_core.LLTM (the cell), got {type(cell).__name__}"
                             + ("; a layer is already one: copy it with copy.deepcopy or load_state_dict"
                                if isinstance(cell, LLTMLayer) else ""))
+        sizes = [name for name in ("input_size", "hidden_size", "input_features", "state_size") if name in kwargs]
+        if sizes:  # else the constructor's "give input_features or input_size, not both", for sizes given once
+            raise TypeError(f"LLTMLayer.from_cell(): the sizes are the cell's (input_features={cell.input_features}, "
+                            f"state_size={cell.state_size}): leave out {', '.join(sizes)}")
         kwargs.setdefault("backend", cell.backend)
         kwargs.setdefault("bias", cell.bias is not None)
-        layer = cls(cell.input_features, cell.state_size, device=cell.weights.device, dtype=cell.weights.dtype,
-                    **kwargs)
+        kwargs.setdefault("device", cell.weights.device)  # device= or dtype= given: the copies are converted
+        kwargs.setdefault("dtype", cell.weights.dtype)
+        layer = cls(cell.input_features, cell.state_size, **kwargs)
         with torch.no_grad():
             layer.weights_l0.copy_(cell.weights)
             if layer.bias:
@@ -146,11 +156,10 @@ class LLTMLayer(TorchSizeNames, ZeroBias, torch.nn.Module):
         text = f"{self.input_features}, {self.state_size}"
         if self.num_layers != 1:
             text += f", num_layers={self.num_layers}"
-        for name, default in (("bias", True), ("batch_first", False), ("dropout", 0.0), ("bidirectional", False),
-                              ("backend", None)):
+        for name, default in (("bias", True), ("batch_first", False), ("dropout", 0.0), ("bidirectional", False)):
             if getattr(self, name) != default:
                 text += f", {name}={getattr(self, name)!r}"
-        return text
+        return text + (f", backend={backend_repr(self.backend)}" if self.backend is not None else "")
 
     def forward(self, input, hx=None, *, state=None):
         if (hx is None and state is None and self._single_names is not None and type(input) is torch.Tensor
@@ -174,6 +183,9 @@ class LLTMLayer(TorchSizeNames, ZeroBias, torch.nn.Module):
                 output, h, c = run_checked((sequence.contiguous(), weights.contiguous(), bias.contiguous(),
                                             zeros, zeros), None, False, self.backend)
                 return (output.transpose(0, 1) if self.batch_first else output), (h[None], c[None])
+        if isinstance(input, torch.fx.Proxy):
+            return fx_leaf_call(self, (input,) if hx is None else (input, hx),
+                                {} if state is None else {"state": state})
         if state is not None:  # the name forward's state had before it took nn.LSTM's
             if hx is not None:
                 raise TypeError("LLTMLayer.forward(): give the state once, as hx (state= is its older name)")
@@ -216,6 +228,8 @@ class LLTMLayer(TorchSizeNames, ZeroBias, torch.nn.Module):
             for direction, (weights_name, bias_name) in enumerate(names):
                 index = layer * directions + direction
                 weights, bias = self._tensor(weights_name), self._tensor(bias_name)
+                if not self.bias:
+                    bias = self._zero_bias_for(weights)
                 if cast is not None:
                     weights, bias = weights.to(cast), bias.to(cast)
                 output, h, c = lltm_sequence(
@@ -282,6 +296,10 @@ class LLTMLayer(TorchSizeNames, ZeroBias, torch.nn.Module):
         if sequence.shape[0] == 0:
             raise ValueError(f"LLTMLayer({self.extra_repr()}): input has 0 time steps ({shown}); "
                              f"a sequence needs at least one")
+        if not parameter.dtype.is_floating_point:  # moved by .to(torch.complex64), say
+            raise TypeError(f"LLTMLayer({self.extra_repr()}): the parameters have dtype {parameter.dtype}; the LLTM "
+                            f"computes in a floating-point dtype: .to() the module and the input to float32, "
+                            f"float64, bfloat16 or float16")
         if not dtype.is_floating_point or dtype != parameter.dtype:
             raise TypeError(f"LLTMLayer({self.extra_repr()}): input has dtype {dtype}, expected "
                             f"{parameter.dtype} (the dtype of the parameters; .to() the module or the input)")
@@ -324,7 +342,8 @@ def _autocast_dtype(input) -> torch.dtype | None:
     if not torch._C._is_any_autocast_enabled():  # the common case, in one cheap call
         return None
     data = input.data if isinstance(input, PackedSequence) else input
-    if not isinstance(data, torch.Tensor) or not data.is_floating_point():
+    # float64 is left alone, as autocast leaves it for every op (nn.LSTM's included): a double model stays double.
+    if not isinstance(data, torch.Tensor) or not data.is_floating_point() or data.dtype is torch.float64:
         return None
     device_type = data.device.type
     if torch.amp.is_autocast_available(device_type) and torch.is_autocast_enabled(device_type):

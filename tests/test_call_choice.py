@@ -294,3 +294,17 @@ def test_the_worked_example_in_writing_a_backend_runs_as_shown(tmp_path, monkeyp
     finally:
         monkeypatch.undo()
         lltm_core.refresh()
+
+
+@pytest.mark.parametrize("call, error, pattern", [
+    (Call("seq", "cpu", torch.float32, 3, 5, 7, 4), ValueError, r"Call.op must be 'cell' or 'sequence', got 'seq'"),
+    (Call("sequence", "cpu", "float32", 3, 5, 7, 4), TypeError, r"Call.dtype must be a torch.dtype .*got 'float32'"),
+    (Call("cell", "cuda:0", torch.float32, 3, 5, 7), ValueError, r"Call.device_type is a device type .*'cuda:0'"),
+    (Call("sequence", "cpu", torch.float32, 3, 5, 7), ValueError, r"Call.steps must be a non-negative integer, got None"),
+    (Call("cell", "cpu", torch.float32, 3, 5, 7, 4), ValueError, r"Call.steps is None for the cell"),
+    (Call("cell", "cpu", torch.float32, 3, 5.0, 7), ValueError, r"Call.input_features must be a non-negative integer"),
+], ids=["op", "dtype-string", "device-with-index", "sequence-without-steps", "cell-with-steps", "float-size"])
+def test_explain_names_the_field_of_a_call_it_cannot_describe(call, error, pattern):
+    # A string dtype was answered "it takes bfloat16, float32, float64, not float32", and an unknown op as a cell.
+    with pytest.raises(error, match=pattern):
+        lltm_core.explain(call)

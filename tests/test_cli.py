@@ -76,6 +76,26 @@ def test_info_explain_traces_the_choice_for_one_call(fake_backends, capsys):
                                 "reason": "priority 80, the highest that accepts the call"}
 
 
+@pytest.mark.parametrize("options", [["--shape", "1,2,3"], ["--dtype", "float16"], ["--device", "cuda"],
+                                     ["--inference"], ["--dtype", "float32", "--inference"]])
+def test_info_refuses_the_options_of_explain_without_it(options, capsys):
+    # `lltm info --dtype float16` printed the whole report, every dtype in it, as if asked nothing.
+    assert main(["info", *options]) == 2
+    captured = capsys.readouterr()
+    given = ", ".join(o for o in options if o.startswith("--"))
+    assert captured.out == "" and f"lltm info: {given} go" in captured.err and "with --explain" in captured.err
+
+
+def test_info_explain_on_meta_says_no_backend_is_asked(capsys):
+    # It printed every backend as "not for this device/dtype" and "-> no backend can run this call" (exit 1),
+    # while LLTM, LLTMLayer, lltm() and lltm_sequence() run on meta tensors without one.
+    assert main(["info", "--explain", "sequence", "--shape", "4,3,5,7", "--device", "meta"]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[1].startswith("-> no backend: on meta tensors lltm-core gives the outputs' shapes")
+    layer = lltm_core.LLTMLayer(5, 7, device="meta")
+    assert layer(torch.empty(4, 3, 5, device="meta"))[0].shape == (4, 3, 7)
+
+
 def test_bench_json_times_each_backend_beside_the_peers():
     out = _lltm("bench", "--json", "--iterations", "20", "--size", "3,4,5")
     assert out.returncode == 0, out.stderr

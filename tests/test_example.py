@@ -63,3 +63,22 @@ def test_plain_command_line_run(tmp_path):
                            capture_output=True, text=True, timeout=120)
     assert again.returncode == 0, again.stdout + again.stderr
     assert "resuming from ckpt.pt at step 3" in again.stdout and "step    5" in again.stdout, again.stdout
+
+
+@pytest.mark.parametrize("arguments, message", [
+    (["--steps", "0"], "--steps must be at least 1, got 0"),  # was a ZeroDivisionError after the run
+    (["--batch", "0"], "--batch must be at least 1, got 0"),  # was a run whose losses were all nan
+    (["--log-every", "0"], "--log-every must be at least 1, got 0"),  # was a ZeroDivisionError
+    (["--save-every", "-1"], "--save-every must be 0 (only at the end) or more, got -1"),
+    (["--save", "/nonexistent/folder/ckpt.pt"], "its folder does not exist"),  # failed after training
+    (["--resume", "/nonexistent.pt"], "--resume /nonexistent.pt: no such file"),
+    (["--device", "mps:x"], "--device takes cpu or cuda, got 'mps:x'"),
+    (["--backend", "nosuch"], "--backend nosuch: lltm backend 'nosuch' (asked for by get_backend()) is not installed"),
+], ids=["steps", "batch", "log-every", "save-every", "save-folder", "resume", "device", "backend"])
+def test_bad_arguments_are_named_before_training(example, monkeypatch, capsys, arguments, message):
+    monkeypatch.setattr(sys, "argv", ["train_sequence.py", *arguments])
+    monkeypatch.setattr(example, "train", lambda *a, **k: pytest.fail("trained with a bad argument"))
+    with pytest.raises(SystemExit) as exited:
+        example.main()
+    err = capsys.readouterr().err
+    assert exited.value.code == 2 and message in err and "Traceback" not in err, err

@@ -123,6 +123,32 @@ def test_layer_rejects_bad_construction_arguments():
         lltm_core.LLTMLayer(3, 4, dropout=2)
 
 
+@pytest.mark.parametrize("module", [lltm_core.LLTM, lltm_core.LLTMLayer])
+@pytest.mark.parametrize("dtype", [torch.int32, torch.complex64, "float32"])
+def test_a_module_of_a_dtype_the_lltm_cannot_compute_in_is_refused_as_built(module, dtype):
+    # An integer dtype raised torch's "Only Tensors of floating point and complex dtype can require
+    # gradients"; a complex one was built, and its first call said "dtype complex64, expected complex64".
+    with pytest.raises(TypeError, match=rf"{module.__name__}\(\): dtype must be a floating-point dtype .*, "
+                                        rf"got {dtype!r}"):
+        module(3, 4, dtype=dtype)
+
+
+@pytest.mark.parametrize("module", [lltm_core.LLTM, lltm_core.LLTMLayer])
+def test_a_backend_of_the_wrong_type_is_refused_as_built(module):
+    # backend=3 was kept, and every call then raised "backend= takes a backend name or an lltm_core.Backend".
+    with pytest.raises(TypeError, match=rf"^{module.__name__}\(\): backend must be a backend's name or an "
+                                        r"lltm_core.Backend .*got int 3"):
+        module(3, 4, backend=3)
+    assert module(3, 4, backend=lltm_core.get_backend("ref")).backend.name == "ref"
+
+
+def test_a_layer_moved_to_a_complex_dtype_says_the_parameters_are_what_is_wrong():
+    layer = lltm_core.LLTMLayer(I, S, 2).to(torch.complex64)
+    with pytest.raises(TypeError, match=r"the parameters have dtype torch.complex64; the LLTM computes in a "
+                                        r"floating-point dtype: .to\(\) the module"):
+        layer(torch.randn(T, B, I, dtype=torch.complex64))
+
+
 @pytest.mark.parametrize("num_layers, bidirectional, batch_first",
                          [(1, False, False), (2, True, True), (3, False, True), (2, True, False)])
 def test_shapes_and_packing_follow_nn_lstm(num_layers, bidirectional, batch_first):
@@ -174,6 +200,7 @@ def test_a_packed_batch_is_each_sequence_on_its_own(bidirectional):
 
 
 def test_parameters_are_named_and_shaped_like_nn_lstm():
+    torch.manual_seed(0)
     layer = lltm_core.LLTMLayer(I, S, 2, bidirectional=True, dtype=torch.float64)
     shapes = {name: tuple(p.shape) for name, p in layer.named_parameters()}
     assert shapes == {
@@ -184,7 +211,10 @@ def test_parameters_are_named_and_shaped_like_nn_lstm():
     }
     bound = 1 / S ** 0.5
     for p in layer.parameters():
-        assert p.dtype == torch.float64 and p.abs().max() <= bound and p.std() > 0.4 * bound
+        assert p.dtype == torch.float64 and p.abs().max() <= bound and p.unique().numel() == p.numel()
+    # The spread over every parameter together: a bias alone is 15 values, whose sample std fell under
+    # 0.4 * bound in about 1 draw of 75 (uniform's std is bound / sqrt(3), about 0.58 * bound).
+    assert torch.cat([p.flatten() for p in layer.parameters()]).std() > 0.5 * bound
 
 
 def test_a_trained_cell_loads_as_layer_zero():
@@ -207,6 +237,25 @@ def test_a_trained_cell_loads_as_layer_zero():
     by_hand.load_state_dict({"weights_l0": cell.state_dict()["weights"], "bias_l0": cell.state_dict()["bias"]})
     torch.testing.assert_close(by_hand(x)[0], output, rtol=0, atol=0)
     assert not layer.weights_l0.data_ptr() == cell.weights.data_ptr()  # copied, not shared
+
+
+def test_a_trained_cell_takes_no_sizes_of_its_layer():
+    # from_cell(cell, input_size=3) said "give input_features or input_size, not both", for a size given once.
+    with pytest.raises(TypeError, match=r"from_cell\(\): the sizes are the cell's \(input_features=3, state_size=5\): "
+                                        r"leave out input_size, hidden_size"):
+        lltm_core.LLTMLayer.from_cell(lltm_core.LLTM(I, S), input_size=I, hidden_size=S)
+
+
+def test_a_trained_cell_converts_to_a_layer_of_another_dtype():
+    # from_cell(cell, dtype=...) raised "got multiple values for keyword argument 'dtype'", though its
+    # keyword arguments go to the constructor.
+    torch.manual_seed(0)
+    cell = lltm_core.LLTM(I, S)
+    layer = lltm_core.LLTMLayer.from_cell(cell, dtype=torch.float64, device="cpu")
+    assert layer.weights_l0.dtype == layer.bias_l0.dtype == torch.float64
+    x = torch.randn(T, B, I, dtype=torch.float64)
+    expected = lltm_core.LLTMLayer.from_cell(cell.double(), backend="ref")(x)
+    torch.testing.assert_close(layer(x), expected)
 
 
 @pytest.mark.parametrize("num_layers, bidirectional, bias", [(1, False, True), (2, True, True), (1, False, False)],

@@ -63,6 +63,21 @@ def test_autocast_runs_the_layer_in_its_dtype_as_it_runs_nn_lstm(packed):
     assert layer.weights_l0.grad.dtype == torch.float32 and layer.weights_l0.grad.abs().sum() > 0
 
 
+def test_autocast_leaves_a_float64_layer_in_float64_as_it_leaves_nn_lstm():
+    # A float64 layer under autocast computed in bfloat16 (about 3 significant digits), silently: autocast
+    # casts no float64 tensor, for nn.LSTM or any other op.
+    torch.manual_seed(4)
+    layer = lltm_core.LLTMLayer(3, 5, num_layers=2, dtype=torch.float64)
+    x = torch.randn(6, 2, 3, dtype=torch.float64)
+    with torch.autocast("cpu", torch.bfloat16):
+        assert torch.nn.LSTM(3, 5, dtype=torch.float64)(x)[0].dtype == torch.float64  # the rule followed
+        output, (h_n, c_n) = layer(x)
+    assert output.dtype == h_n.dtype == c_n.dtype == torch.float64
+    reference = lltm_core.LLTMLayer(3, 5, num_layers=2, dtype=torch.float64, backend="ref")
+    reference.load_state_dict(layer.state_dict())
+    torch.testing.assert_close(output, reference(x)[0], rtol=1e-12, atol=1e-12)
+
+
 def test_cell_blames_hx_and_input_not_old_h_and_weights():
     cell = lltm_core.LLTM(3, 5)
     hx = (torch.randn(2, 5, dtype=torch.float64), torch.randn(2, 5, dtype=torch.float64))

@@ -74,3 +74,12 @@ def test_meta_tensors_give_the_shapes_nn_lstm_gives(bidirectional):
     args = [torch.empty(s, device="meta") for s in ((T, B, I), (3 * S, S + I), (3 * S,), (B, S), (B, S))]
     out, h_n, c_n = lltm_core.lltm_sequence(*args, reverse=True)
     assert (out.shape, h_n.shape, c_n.shape) == ((T, B, S), (B, S), (B, S))
+    # With lengths (and so a packed input) they raised "Tensor.item() cannot be called on meta tensors".
+    out, h_n, c_n = lltm_core.lltm_sequence(*args, lengths=torch.tensor([T, 2, 1]), reverse=True)
+    assert [(tuple(t.shape), t.device.type) for t in (out, h_n, c_n)] == [
+        ((T, B, S), "meta"), ((B, S), "meta"), ((B, S), "meta")]
+    packed = torch.nn.utils.rnn.pack_padded_sequence(x, torch.tensor([T, 2, 1]), batch_first=True)
+    out, (h, c) = layer(packed)
+    want, (want_h, want_c) = lstm(packed)
+    assert [(t.shape, t.device.type) for t in (out.data, h, c)] == [
+        (t.shape, "meta") for t in (want.data, want_h, want_c)]

@@ -26,7 +26,9 @@ def test_the_cell_takes_lstmcells_arguments_by_name_and_position():
 def test_the_layer_takes_lstms_arguments_in_lstms_order():
     torch_layer = torch.nn.LSTM(7, 3, 2, False, True, 0.0, True)
     layer = lltm_core.LLTMLayer(7, 3, 2, False, True, 0.0, True)
-    for name in ("input_size", "hidden_size", "num_layers", "bias", "batch_first", "bidirectional"):
+    # proj_size too: code written for nn.LSTM reads it for the size of h_0 (it is always 0 here).
+    for name in ("input_size", "hidden_size", "num_layers", "bias", "batch_first", "dropout", "bidirectional",
+                 "proj_size"):
         assert getattr(layer, name) == getattr(torch_layer, name), name
     keyword = lltm_core.LLTMLayer(input_size=7, hidden_size=3, bias=False)
     assert (keyword.input_size, keyword.hidden_size, keyword.bias) == (7, 3, False)
@@ -114,3 +116,16 @@ def test_lengths_on_the_meta_device_is_named():
     args = (torch.randn(T, B, I), torch.randn(3 * S, S + I), torch.randn(3 * S), torch.randn(B, S), torch.randn(B, S))
     with pytest.raises(ValueError, match="lengths is on the meta device"):
         lltm_core.lltm_sequence(*args, lengths=torch.full((B,), 2, device="meta"))
+
+
+def test_a_module_given_a_backend_object_names_it_in_its_repr_and_errors():
+    # backend=<Backend> printed every field of the Backend (its kernels' functions and all) in the module's
+    # repr and in each of its errors: hundreds of characters before the message.
+    ref = lltm_core.get_backend("ref")
+    layer, cell = lltm_core.LLTMLayer(5, 4, num_layers=2, backend=ref), lltm_core.LLTM(5, 4, backend=ref)
+    assert repr(layer) == "LLTMLayer(5, 4, num_layers=2, backend=Backend('ref'))"
+    assert repr(cell) == "LLTM(input_features=5, state_size=4, backend=Backend('ref'))"
+    assert repr(lltm_core.LLTMLayer(5, 4, backend="ref")) == "LLTMLayer(5, 4, backend='ref')"
+    with pytest.raises(ValueError, match=r"^LLTMLayer\(5, 4, num_layers=2, backend=Backend\('ref'\)\): input must "
+                                         r"have 5 features"):
+        layer(torch.randn(3, 2, 6))

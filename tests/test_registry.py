@@ -90,6 +90,9 @@ def test_unknown_backend_names_it_and_says_what_to_install(fake_backends):
     assert "'cuda'" in message and "not installed" in message
     assert "installed: ref" in message
     assert "pip install" in message and "./backends/lltm_cuda" in message
+    # every backend of this repository has its command (triton's said "install the distribution that provides it")
+    for name in ("ref", "cpu", "cuda", "triton"):
+        assert f"./backends/lltm_{name}" in lltm_core._discovery.not_found_message(name, "backend=")
 
 
 def test_explicit_request_never_falls_back(fake_backends):
@@ -201,6 +204,25 @@ def test_a_mistyped_name_gets_a_suggestion_and_a_wrong_type_a_type_error(fake_ba
         lltm_core.get_backend("REF")
     with pytest.raises(TypeError, match="backend= takes a backend name or an lltm_core.Backend, got int 3"):
         lltm_core.lltm(*make_inputs(2, 3, 4), backend=3)
+
+
+def test_a_list_of_names_is_told_to_name_one(fake_backends, monkeypatch):
+    # LLTM_BACKEND=cpu,ref, written as LLTM_DISABLE_BACKENDS takes its names, was answered "did you mean 'ref'?".
+    monkeypatch.setenv("LLTM_BACKEND", "cpu,ref")
+    with pytest.raises(BackendError, match=r"'cpu,ref' \(asked for by LLTM_BACKEND=cpu,ref\) is not installed; "
+                                           r"name one backend, not a list") as raised:
+        lltm_core.lltm(*make_inputs(2, 3, 4))
+    assert "did you mean" not in str(raised.value)
+
+
+@pytest.mark.parametrize("name", ["lltm-ref", "lltm_ref", "LLTM-REF"])
+def test_a_distributions_name_is_told_its_backends(name):
+    # "lltm-ref", as the README's tables name it, was "not installed ... To get it: install the distribution
+    # that provides the 'lltm-ref' lltm backend", with lltm-ref installed.
+    with pytest.raises(BackendError, match=rf"'{name}' \(asked for by get_backend\(\)\): no backend has that name; "
+                                           r"it names the distribution, whose backend is called 'ref'") as raised:
+        lltm_core.get_backend(name)
+    assert "not installed" not in str(raised.value)
 
 
 def test_use_backend_checks_the_name_on_entry(fake_backends):
