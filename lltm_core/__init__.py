@@ -14,7 +14,8 @@ from ._cell import LLTM, lltm
 from ._discovery import BackendError, available_backends, backend_report
 from ._explain import explain
 from ._notices import BackendUnavailableWarning
-from ._registry import TraceEntry, get_backend, refresh, select_by_measurement, use_backend
+from ._ops import get_backend
+from ._registry import TraceEntry, refresh, select_by_measurement, use_backend
 from . import _measure  # noqa: F401  (hands the registry its timer for the measured choice)
 from ._sequence import lltm_sequence
 from .backend import INTERFACE_VERSION, Backend, Call

@@ -33,7 +33,7 @@ from typing import Callable
 import torch
 import torch.autograd.forward_ad as _forward_ad
 
-from . import _fake, _registry
+from . import _discovery, _fake, _registry
 from ._registry import BackendError
 from .backend import Backend, Call, Kernels
 
@@ -316,6 +316,35 @@ def register_graph_operators(backend: Backend) -> None:
         kernels = backend.kernels.get(op.name)
         if kernels is not None and not has_operators(kernels):
             register(op, backend)
+
+
+def get_backend(name: str | None = None, *, device=None, dtype=None) -> Backend:
+    """The backend called ``name``, or the one lltm-core would choose.
+
+    ``device`` and ``dtype`` (default: ``torch.get_default_dtype()``) say which
+    tensors the backend must take.  The default device is the CPU, except for a
+    named backend that does not run there: ``get_backend("cuda")`` means
+    lltm-cuda for CUDA tensors, and is checked on the first device it declares.
+    With a name, the named backend is checked against them and an error says
+    why it cannot take them; it is never swapped for another.
+
+    The backend is then loaded, with every operator a traced graph of it calls
+    (its own library's, or lltm's ``lltm::<name>_*`` for Python kernels): call
+    it before ``torch.export.load`` of a saved program, since ``import lltm_core``
+    loads no backend and tracing nothing registers nothing.
+    """
+    device_type = torch.device(device).type if device is not None else _default_device_type(name)
+    dtype = dtype if dtype is not None else torch.get_default_dtype()
+    chosen = _registry.select(device_type, dtype, name, source="get_backend()")
+    register_graph_operators(chosen)
+    return chosen
+
+
+def _default_device_type(name: str | None) -> str:
+    rec = _discovery.resolve(name) if name is not None else None
+    if rec is not None and rec.available and "cpu" not in rec.backend.devices:
+        return min(rec.backend.devices)
+    return "cpu"  # an unavailable or unknown backend: select() says why
 
 
 def _forward_arguments(op: Op, args: tuple):
