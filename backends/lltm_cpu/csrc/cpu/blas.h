@@ -88,6 +88,11 @@ class RightOperand {
   RightOperand& operator=(const RightOperand&) = delete;
   ~RightOperand();
 
+  // Whether several threads may multiply by one operand of `route` at once:
+  // not where multiply writes a scratch buffer of the operand's (bfloat16's
+  // amx-bf16 and aten).
+  static bool shareable(Route route);
+
   // C (m x n) = A op(B) (+ C if accumulate), m <= max_m.
   void multiply(int64_t m, const scalar_t* a, int64_t lda, bool accumulate, acc_t* c, int64_t ldc) const;
 

@@ -65,6 +65,11 @@ RightOperand<scalar_t>::RightOperand(Route route, bool trans_b, int64_t max_m, i
 }
 
 template <typename scalar_t>
+bool RightOperand<scalar_t>::shareable(Route route) {
+  return !std::is_same_v<scalar_t, c10::BFloat16> || (route != Route::kAmxBf16 && route != Route::kAten);
+}
+
+template <typename scalar_t>
 RightOperand<scalar_t>::~RightOperand() {
   for (void* memory : {buffer_, scratch_}) {
     std::free(memory);
