@@ -88,10 +88,11 @@ class RightOperand {
   RightOperand& operator=(const RightOperand&) = delete;
   ~RightOperand();
 
-  // Whether several threads may multiply by one operand of `route` at once:
-  // not where multiply writes a scratch buffer of the operand's (bfloat16's
-  // amx-bf16 and aten).
-  static bool shareable(Route route);
+  // Whether one operand of `route` is worth sharing between threads: the
+  // route lays out a copy of B (MKL's packed format, lltm-cpu's kernels),
+  // and multiply writes no scratch of the operand's, so that several threads
+  // may multiply by it at once (not amx-bf16).
+  static bool shared_layout(Route route);
 
   // C (m x n) = A op(B) (+ C if accumulate), m <= max_m.
   void multiply(int64_t m, const scalar_t* a, int64_t lda, bool accumulate, acc_t* c, int64_t ldc) const;

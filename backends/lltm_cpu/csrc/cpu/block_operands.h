@@ -116,12 +116,12 @@ inline std::pair<int64_t, int64_t> owned_columns(const ColumnBlocks& columns, in
 // laying out a slice of it, instead of each laying out all of it: where every
 // block has a thread of its own at once (OpenMP's pool, as for the column
 // split), since the blocks wait for each other's slices, and where the
-// route's operand may be multiplied by on several threads at once
+// route lays out a copy that several threads may multiply by at once
 // (benchmarks/results/cpu_sequence.md, "one layout of W_h").
 template <typename scalar_t>
 bool rows_share_layout(const Partition& partition) {
   return partition.by_rows() && partition.rows.count > 1 && openmp_pool() &&
-         blas::RightOperand<scalar_t>::shareable(partition.route);
+         blas::RightOperand<scalar_t>::shared_layout(partition.route);
 }
 
 // The rows split's shared layout of op(W_h), none of it laid out yet.
