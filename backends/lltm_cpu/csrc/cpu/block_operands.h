@@ -1,6 +1,7 @@
 // Each thread's share of the recurrent weights W_h in the time loop
 // (lltm_sequence.cpp), laid out once per call for its GEMM route, by the
-// thread that uses it.
+// thread that uses it; or, for the blocks of rows, one layout they share,
+// each block's thread laying out a slice of it.
 #pragma once
 
 #include <cstdint>
@@ -61,7 +62,6 @@ class BlockOperands {
     return operands;
   }
 
-  int64_t slices() const { return static_cast<int64_t>(ranges_.size()); }
   bool laid_out(int64_t part) const { return parts_[part] != nullptr; }
 
   // Lays out slice `part` (its columns [begin, end) of op(W_h)).
