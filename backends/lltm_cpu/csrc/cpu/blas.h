@@ -88,6 +88,12 @@ class RightOperand {
   RightOperand& operator=(const RightOperand&) = delete;
   ~RightOperand();
 
+  // Whether one operand of `route` is worth sharing between threads: the
+  // route lays out a copy of B (MKL's packed format, lltm-cpu's kernels),
+  // and multiply writes no scratch of the operand's, so that several threads
+  // may multiply by it at once (not amx-bf16).
+  static bool shared_layout(Route route);
+
   // C (m x n) = A op(B) (+ C if accumulate), m <= max_m.
   void multiply(int64_t m, const scalar_t* a, int64_t lda, bool accumulate, acc_t* c, int64_t ldc) const;
 

@@ -83,6 +83,9 @@ namespace {
 
 using sequence::block_operands;
 using sequence::BlockOperands;
+using sequence::lay_out_shared;
+using sequence::rows_share_layout;
+using sequence::shared_operands;
 using sequence::choose_partition;
 using sequence::owned_columns;
 
@@ -247,6 +250,9 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> sequence_forward(
     // S512 float32: 0.38 of its 0.58 ms, benchmarks/results/cpu_sequence.md).
     const bool any_product = T > 1 || !h0_zero;
     std::vector<std::unique_ptr<BlockOperands<scalar_t>>> w_h(partition.count());
+    const auto shared_w_h = rows_share_layout<scalar_t>(partition)
+                                ? shared_operands(partition, /*forward=*/true, S, w, ldw)
+                                : std::unique_ptr<BlockOperands<scalar_t>>();
     // h W_h^T, B x 3S, in a buffer of its own (float for bfloat16), which
     // the pointwise pass adds to the projection and the bias; each block
     // writes its rows or columns.  Adding it into the gates buffer instead
@@ -313,6 +319,16 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> sequence_forward(
       blas::gemm<scalar_t>(false, true, rows, 3 * S, I, x + first_t * B * I, I, w + S, ldw, false, gates_data, 3 * S);
 
       run_partition(partition, [&](int64_t first, int64_t last, SpinBarrier& barrier) {
+        if (shared_w_h) {
+          if (any_product) {
+            lay_out_shared(*shared_w_h, first, last, barrier);
+          }
+          for (int64_t block = first; block < last; ++block) {
+            run_steps(chunk_begin, chunk_end, first_t, partition.rows.begin(block), partition.rows.end(block), 0, S,
+                      shared_w_h.get(), nullptr, 0);
+          }
+          return;
+        }
         if (partition.by_rows()) {
           for (int64_t block = first; block < last; ++block) {
             if (any_product && !w_h[block]) {
@@ -458,7 +474,18 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> sequence_backward(
       }
     };
 
+    const auto shared_w_h = rows_share_layout<scalar_t>(partition)
+                                ? shared_operands(partition, /*forward=*/false, S, w, ldw)
+                                : std::unique_ptr<BlockOperands<scalar_t>>();
     run_partition(partition, [&](int64_t first, int64_t last, SpinBarrier& barrier) {
+      if (shared_w_h) {
+        lay_out_shared(*shared_w_h, first, last, barrier);
+        for (int64_t block = first; block < last; ++block) {
+          run_steps(partition.rows.begin(block), partition.rows.end(block), 0, S, *shared_w_h,
+                    bias_sums.data() + block * 3 * S, nullptr, 0);
+        }
+        return;
+      }
       if (partition.by_rows()) {
         for (int64_t block = first; block < last; ++block) {
           // d_gates W_h

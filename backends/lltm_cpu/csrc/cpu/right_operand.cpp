@@ -65,6 +65,16 @@ RightOperand<scalar_t>::RightOperand(Route route, bool trans_b, int64_t max_m, i
 }
 
 template <typename scalar_t>
+bool RightOperand<scalar_t>::shared_layout(Route route) {
+  if constexpr (std::is_same_v<scalar_t, float>) {
+    return route == Route::kMklPacked || is_f32_kernel(route);
+  } else if constexpr (std::is_same_v<scalar_t, c10::BFloat16>) {
+    return route == Route::kAvx512Bf16 || is_f32_kernel(route);
+  }
+  return false;
+}
+
+template <typename scalar_t>
 RightOperand<scalar_t>::~RightOperand() {
   for (void* memory : {buffer_, scratch_}) {
     std::free(memory);
