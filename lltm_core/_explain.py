@@ -7,6 +7,8 @@ unavailable backends with their reasons.
 
 from __future__ import annotations
 
+import numbers
+
 import torch
 
 from . import _registry
@@ -56,6 +58,6 @@ def _check_call(call: Call) -> None:
     elif call.steps is not None:
         raise ValueError(f"explain(): Call.steps is None for the cell (one step), got {call.steps!r}")
     for name, value in sizes.items():
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:  # numpy's too
             raise ValueError(f"explain(): Call.{name} must be a non-negative integer, got {value!r}"
                              + (" (a sequence's number of time steps)" if name == "steps" else ""))

@@ -308,3 +308,10 @@ def test_explain_names_the_field_of_a_call_it_cannot_describe(call, error, patte
     # A string dtype was answered "it takes bfloat16, float32, float64, not float32", and an unknown op as a cell.
     with pytest.raises(error, match=pattern):
         lltm_core.explain(call)
+
+
+def test_explain_takes_numpy_integers_as_sizes():
+    # As torch does for sizes: an np.int64 batch (from a numpy shape, say) is an integer, not a wrong field.
+    np = pytest.importorskip("numpy")
+    trace = lltm_core.explain(Call("sequence", "cpu", torch.float32, np.int64(3), 5, 7, np.int32(4)))
+    assert [t.verdict for t in trace].count("chosen") == 1
