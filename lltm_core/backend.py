@@ -231,7 +231,13 @@ def always_available() -> str | None:
 
 @dataclass(frozen=True)
 class Backend:
-    """One LLTM implementation, as returned by an ``lltm.backends`` entry point."""
+    """One LLTM implementation, as returned by an ``lltm.backends`` entry point.
+
+    A Backend is a process-level object: copying it gives it back, and pickling
+    it (a module built with ``backend=get_backend(name)``, saved with
+    ``torch.save`` or sent to another process) stores its name alone; see
+    :meth:`__reduce__`.
+    """
 
     #: Must equal the entry point's name; a Python identifier (it names the
     #: custom operators ``lltm::<name>_forward`` / ``lltm::<name>_backward``).
@@ -354,6 +360,40 @@ class Backend:
         #: ``{op: Kernels}``: the kernels each op runs on (no "sequence" without sequence kernels).
         object.__setattr__(self, "kernels", kernels)
 
+    def __copy__(self) -> "Backend":
+        return self  # immutable, and its kernels are the process's: nothing to copy
+
+    def __deepcopy__(self, memo) -> "Backend":
+        return self
+
+    def __reduce__(self):
+        """Pickle by name: the loading process gets ``lltm_core.get_backend(name)``, its own backend of that name.
+
+        Kernels are the process's (loaded libraries, registered operators), so they
+        are never pickled; the backend the name finds where the pickle is loaded
+        runs the loaded module.  Only the backend installed under ``name`` pickles:
+        a Backend built by hand (``dataclasses.replace`` of one, say) raises
+        ``pickle.PicklingError`` here, when it is pickled, since no process could
+        find it by name.  Loading where that backend is not installed or cannot run
+        raises :class:`~lltm_core.BackendError` with the reason; a module whose
+        ``backend=`` is a name (a str) loads anywhere and is checked at its first call.
+        """
+        import pickle
+
+        from . import _discovery
+
+        record = _discovery.resolve(self.name)
+        installed = record.backend if record is not None else None
+        if installed is not self and installed != self:
+            found = ("no installed backend is called that" if record is None else
+                     f"the one installed is {record.status}: {record.reason}" if installed is None else
+                     f"the one installed under that name ({record.distribution} {record.version}) is another")
+            raise pickle.PicklingError(
+                f"lltm Backend {self.name!r} cannot be pickled: a Backend pickles by name, and {found}. "
+                f"Register it through an '{_discovery.ENTRY_POINT_GROUP}' entry point, or keep the module "
+                f"in this process (copy.deepcopy works)")
+        return _backend_named, (self.name,)
+
     @property
     def takes_needs_backward(self) -> bool:
         """Whether ``sequence_forward`` takes ``needs_backward`` (it speaks version 3 or later)."""
@@ -377,3 +417,15 @@ class Backend:
             names = ", ".join(sorted(str(d).removeprefix("torch.") for d in self.dtypes))
             return f"takes {names}, not {str(dtype).removeprefix('torch.')}"
         return None
+
+
+def _backend_named(name: str) -> Backend:
+    """What a pickled :class:`Backend` loads as: this process's backend called ``name`` (pickles name this function)."""
+    from ._discovery import BackendError
+    from ._ops import get_backend
+
+    try:
+        return get_backend(name)
+    except BackendError as exc:
+        raise BackendError(f"loading a pickled lltm Backend {name!r}, this process's backend of that name is "
+                           f"needed: {exc}") from exc

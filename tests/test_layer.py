@@ -7,7 +7,10 @@ these tests hold the interface to its promises.
 from __future__ import annotations
 
 import copy
+import dataclasses
+import io
 import logging
+import pickle
 
 import pytest
 import torch
@@ -140,6 +143,49 @@ def test_a_backend_of_the_wrong_type_is_refused_as_built(module):
                                         r"lltm_core.Backend .*got int 3"):
         module(3, 4, backend=3)
     assert module(3, 4, backend=lltm_core.get_backend("ref")).backend.name == "ref"
+
+
+@pytest.mark.parametrize("module", [lltm_core.LLTM, lltm_core.LLTMLayer])
+def test_a_module_built_on_a_backend_object_pickles_it_by_name(module, fake_backends, monkeypatch):
+    # Pickling (torch.save, spawning workers) failed on the Backend's kernels: a lambda here, a
+    # pybind11 function in lltm-cpu.  It is stored by name, and found again where the pickle is loaded.
+    fake_backends("lltm-fake", {"fresh": "fresh"})
+    backend = lltm_core.get_backend("fresh")
+    built = module(I, S, backend=backend)
+    buffer = io.BytesIO()
+    torch.save(built, buffer)
+    for copied in (pickle.loads(pickle.dumps(built)), torch.load(io.BytesIO(buffer.getvalue()), weights_only=False),
+                   copy.deepcopy(built)):
+        assert copied.backend is backend
+        x = torch.randn(T, B, I) if module is lltm_core.LLTMLayer else torch.randn(B, I)
+        torch.testing.assert_close(copied(x), built(x), rtol=0, atol=0)
+
+    pickled = pickle.dumps(built)
+    monkeypatch.setenv("LLTM_DISABLE_BACKENDS", "fresh")  # as a process where it cannot run
+    lltm_core.refresh()
+    with pytest.raises(lltm_core.BackendError, match=r"loading a pickled lltm Backend 'fresh', this process's "
+                                                     r"backend of that name is needed: .*LLTM_DISABLE_BACKENDS"):
+        pickle.loads(pickled)
+
+
+@pytest.mark.parametrize("name", lltm_core.available_backends())
+def test_every_installed_backend_unpickles_as_itself(name):
+    backend = lltm_core.get_backend(name)  # lltm-cpu's kernels are operators: pickling them failed
+    assert pickle.loads(pickle.dumps(backend)) is backend
+
+
+@pytest.mark.parametrize("module", [lltm_core.LLTM, lltm_core.LLTMLayer])
+def test_a_module_on_a_backend_built_by_hand_deep_copies_but_refuses_to_pickle(module):
+    handmade = dataclasses.replace(lltm_core.get_backend("ref"), name="handmade")
+    built = module(I, S, backend=handmade)
+    assert copy.deepcopy(built).backend is handmade  # same process: the object itself
+    with pytest.raises(pickle.PicklingError, match=r"lltm Backend 'handmade' cannot be pickled: a Backend pickles "
+                                                   r"by name, and no installed backend is called that\. Register it"):
+        pickle.dumps(built)
+    tweaked = dataclasses.replace(lltm_core.get_backend("ref"), priority=7)
+    with pytest.raises(pickle.PicklingError, match=r"'ref' cannot be pickled: .*the one installed under that name "
+                                                   r"\(lltm-ref .*\) is another"):
+        pickle.dumps(module(I, S, backend=tweaked))
 
 
 def test_a_layer_moved_to_a_complex_dtype_says_the_parameters_are_what_is_wrong():
