@@ -141,6 +141,8 @@ def _discover() -> dict[str, list[BackendRecord]]:
                 entry_point=ep,
             )
         )
+    from ._notices import user_stacklevel  # imported here: _notices imports this module
+
     for name, recs in found.items():
         if len(recs) > 1:
             owners = ", ".join(f"{r.distribution} {r.version} ({r.value})" for r in recs)
@@ -148,7 +150,7 @@ def _discover() -> dict[str, list[BackendRecord]]:
                 f"lltm backend name {name!r} is claimed by several distributions: {owners}. "
                 f"The first that loads and is available is used; uninstall the others.",
                 RuntimeWarning,
-                stacklevel=4,
+                stacklevel=user_stacklevel(),
             )
     log.debug("discovered backends: %s", {n: [r.distribution for r in rs] for n, rs in found.items()})
     return found

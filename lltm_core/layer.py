@@ -11,6 +11,7 @@ from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_
 
 from ._checks import (NotTorchScript, TorchSizeNames, ZeroBias, backend_repr, check_module_options, fx_leaf_call,
                       layer_sizes, sequence_args_valid)
+from ._notices import user_stacklevel
 from ._sequence import lltm_sequence, run_checked
 
 _functorch_active = torch._C._are_functorch_transforms_active
@@ -72,7 +73,7 @@ class LLTMLayer(TorchSizeNames, ZeroBias, NotTorchScript, torch.nn.Module):
         if dropout and num_layers == 1:  # nn.LSTM's warning, in its words
             warnings.warn("dropout option adds dropout after all but last recurrent layer, so non-zero dropout "
                           f"expects num_layers greater than 1, but got dropout={dropout} and num_layers={num_layers}",
-                          stacklevel=2)
+                          stacklevel=user_stacklevel())
         if proj_size != 0:
             raise ValueError(f"LLTMLayer(): proj_size={proj_size!r} is unsupported: the LLTM has no projection of "
                              f"its hidden state (nn.LSTM's proj_size); leave it 0")

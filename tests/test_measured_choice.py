@@ -144,3 +144,4 @@ def test_the_variable_turns_it_on_and_a_wrong_value_says_so():
                           check=True)
     assert done.stdout.strip() == "False"
     assert "LLTM_SELECT='fastest' means nothing to lltm: its one value is 'measure'" in done.stderr
+    assert done.stderr.startswith("<string>:1: UserWarning"), done.stderr  # the import's line, not lltm_core's

@@ -4,13 +4,15 @@ the one-layer dropout warning, autocast, errors that name what the caller passed
 
 from __future__ import annotations
 
+import os
 import warnings
 
 import pytest
 import torch
 
 import lltm_core
-from lltm_core import cli
+from lltm_core import _notices, cli
+from lltm_core.testing import make_inputs, make_sequence_inputs
 
 
 def test_layer_takes_nn_lstm_proj_size_zero_and_calls_others_unsupported():
@@ -32,6 +34,55 @@ def test_dropout_with_one_layer_warns_as_nn_lstm_does():
         warnings.simplefilter("error")
         lltm_core.LLTMLayer(3, 5, num_layers=2, dropout=0.25)
         lltm_core.LLTMLayer(3, 5)
+
+
+def test_the_dropout_warning_of_a_layer_made_from_a_cell_names_the_callers_line():
+    with pytest.warns(UserWarning, match="non-zero dropout expects num_layers greater than 1") as said:
+        lltm_core.LLTMLayer.from_cell(lltm_core.LLTM(3, 5), dropout=0.25)
+    assert said[0].filename == __file__  # it named lltm_core/layer.py's from_cell
+
+
+# Each public entry point, called as a user calls it; the first choice of a backend warns.
+ENTRY_POINTS = {
+    "lltm": lambda: lltm_core.lltm(*make_inputs(2, 3, 4)),
+    "lltm_sequence": lambda: lltm_core.lltm_sequence(*make_sequence_inputs(3, 2, 3, 4)),
+    "LLTM": lambda: lltm_core.LLTM(3, 4)(torch.randn(2, 3)),
+    "LLTMLayer": lambda: lltm_core.LLTMLayer(3, 4)(torch.randn(3, 2, 3)),
+    "LLTMLayer no_grad": lambda: torch.no_grad()(lltm_core.LLTMLayer(3, 4, batch_first=True))(torch.randn(2, 3, 3)),
+    "get_backend": lambda: lltm_core.get_backend(),
+}
+
+
+@pytest.mark.parametrize("entry_point", ENTRY_POINTS)
+def test_warnings_about_the_installed_backends_name_the_callers_line(entry_point, fake_backends):
+    # They named lltm_core's files (_cell.py, _registry.py, _ops.py, ...), a fixed number of frames up
+    # from the warning whatever the path to it: a -W error filter or a warning's line pointed there.
+    fake_backends("lltm-fake", {"nogpu": "nogpu"})  # unavailable, and would have won
+    fake_backends("lltm-fake-a", {"dup": "dup_good"})  # one name, two distributions
+    fake_backends("lltm-fake-b", {"dup": "dup_bad"})
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        ENTRY_POINTS[entry_point]()
+    ours = [w for w in said if "lltm backend" in str(w.message)]
+    assert {w.category for w in ours} == {RuntimeWarning, lltm_core.BackendUnavailableWarning}, ours
+    assert [w.filename for w in ours] == [__file__] * len(ours), [(w.filename, w.lineno) for w in ours]
+
+
+def test_a_warning_under_torch_and_code_it_generates_names_the_callers_line():
+    # torch.export runs a forward through torch's frames and a <string> function of its making: the export
+    # warning of Python kernels (lltm_core/_trace.py) named that.  Exporting takes seconds; these frames
+    # stand in for it, each compiled under the file name it would have.
+    namespace = {"warnings": warnings, "_notices": _notices}
+    for source, filename in (
+            ("def warn_in_lltm():\n    warnings.warn('deep', stacklevel=_notices.user_stacklevel())",
+             os.path.join(os.path.dirname(lltm_core.__file__), "_exporting.py")),
+            ("generated = lambda: warn_in_lltm()", "<string>"),
+            ("def torch_runs(function):\n    return function()", os.path.join(os.path.dirname(torch.__file__), "_x.py"))):
+        exec(compile(source, filename, "exec"), namespace)
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        namespace["torch_runs"](namespace["generated"])
+    assert [(w.filename, str(w.message)) for w in said] == [(__file__, "deep")]
 
 
 @pytest.mark.parametrize("packed", [False, True], ids=["tensor", "packed"])

@@ -122,6 +122,7 @@ def test_export_of_python_kernels_says_where_it_runs(lltm_backend_name, lltm_dev
         warnings.simplefilter("always")
         program = torch.export.export(model, (example,))
     said = [str(w.message) for w in caught if "not from C++" in str(w.message)]
+    assert {w.filename for w in caught if "not from C++" in str(w.message)} <= {__file__}  # export's line
     if backend.composite:
         assert _lltm_targets(program) == set() and not said, (_lltm_targets(program), said)
     else:
