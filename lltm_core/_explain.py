@@ -12,6 +12,8 @@ import numbers
 import torch
 
 from . import _registry
+from ._device import device_unavailable_reason
+from ._discovery import BackendError
 from ._registry import TraceEntry
 from .backend import Call
 
@@ -22,11 +24,17 @@ def explain(call: Call) -> list[TraceEntry]:
     As Hugging Face kernels reports its variants: which one was chosen, and
     why each other one was declined or not considered.  Honors
     ``LLTM_BACKEND`` and ``use_backend()``; never raises for a call nothing
-    can run (then no entry is "chosen").
+    can run (then no entry is "chosen"), but for a call on a device this torch
+    cannot make tensors on (``cuda`` on a CPU-only build): a BackendError says
+    why and what to do, since no backend's answer would mean anything there.
     """
     if not isinstance(call, Call):
         raise TypeError(f"explain() takes an lltm_core.Call, got {type(call).__name__}")
     _check_call(call)
+    unusable = _unusable_device(call.device_type)
+    if unusable:
+        raise BackendError(f"explain(): this torch cannot make {call.device_type} tensors, so no backend is "
+                           f"asked: {unusable}")
     name, source = _registry.requested()
     ranking = _registry.rank(call.device_type, call.dtype, name, source)
     if ranking.error and name is not None:
@@ -40,6 +48,14 @@ def explain(call: Call) -> list[TraceEntry]:
         path = f"the call would fail: {exc}"
     return [entry._replace(reason=f"{entry.reason}; {path}") if entry.verdict == "chosen" and path else entry
             for entry in trace]
+
+
+def _unusable_device(device_type: str) -> str | None:
+    try:
+        device = torch.device(device_type)
+    except RuntimeError:  # a type torch does not know: the backends say they do not run on it
+        return None
+    return device_unavailable_reason(device)
 
 
 def _check_call(call: Call) -> None:

@@ -28,7 +28,7 @@ import torch
 
 from ._bench_groups import _DTYPES, DEFAULT_SEQ_LEN, PRESETS, TABLES, benchmark
 from ._bench_report import check_plot_target, format_sequence_table, format_table, plot
-from ._device import cuda_unavailable_reason
+from ._device import cuda_unavailable_reason, device_unavailable_reason
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--size", action="append", default=[], metavar="B,I,S",
@@ -77,11 +77,9 @@ def _check_device(text: str) -> str:
         return text
     if device.type != "cuda":
         raise SystemExit(f"lltm bench: --device takes cpu, cuda or cuda:N, got {text!r}")
-    reason = cuda_unavailable_reason()
+    reason = device_unavailable_reason(device)
     if reason is not None:
         raise SystemExit(f"lltm bench: --device {text}: {reason}")
-    if device.index is not None and device.index >= torch.cuda.device_count():
-        raise SystemExit(f"lltm bench: --device {text}: this machine has {torch.cuda.device_count()} CUDA device(s)")
     return text
 
 

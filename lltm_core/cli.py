@@ -15,7 +15,7 @@ from . import _discovery, _registry
 from ._notices import BackendUnavailableWarning
 from ._version import __version__
 from .backend import INTERFACE_VERSION
-from ._device import cuda_unavailable_reason
+from ._device import cuda_unavailable_reason, device_unavailable_reason
 from ._discovery import BackendError
 from ._explain import explain
 from ._format import table
@@ -213,6 +213,11 @@ def _explain(args) -> int:
     steps, (batch, features, state) = (sizes[0], sizes[1:]) if want == 4 else (None, sizes)
     call = Call(args.explain, device.type, getattr(torch, args.dtype or "float32"), batch, features, state,
                 steps, not args.inference)
+    unusable = device_unavailable_reason(device)
+    if unusable:  # as `lltm bench --device`: no tensors there, so no backend's answer would mean anything
+        _print_without_trace(args, call, "unusable_device", unusable,
+                             f"no backend is asked: this torch cannot make {device} tensors: {unusable}")
+        return 1
     rejected = _argument_error(call)
     if rejected:  # lltm_core refuses such a call before asking any backend
         _print_without_trace(args, call, "rejected", rejected, f"rejected before any backend is asked: {rejected}")

@@ -96,6 +96,30 @@ def test_info_explain_on_meta_says_no_backend_is_asked(capsys):
     assert layer(torch.empty(4, 3, 5, device="meta"))[0].shape == (4, 3, 7)
 
 
+@pytest.mark.parametrize("cuda, device, said", [
+    (None, "cuda", "this torch is a CPU-only build \\(torch .*\\): install a CUDA build of torch"),
+    ("13.0", "cuda", "has CUDA 13.0, but no GPU is visible: check the driver"),
+    ("13.0", "cuda:3", "torch sees 2 CUDA device\\(s\\), cuda:0 to cuda:1; there is no cuda:3"),
+])
+def test_info_explain_on_a_device_torch_cannot_reach_says_so(cuda, device, said, monkeypatch, capsys):
+    # On a CPU-only torch it traced the choice as if there were CUDA tensors ("-> ref", exit 0).
+    monkeypatch.setattr(torch.version, "cuda", cuda)
+    monkeypatch.setattr(torch.version, "hip", None, raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: device != "cuda")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert main(["info", "--explain", "sequence", "--shape", "4,3,5,7", "--device", device]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "Call: sequence T4 B3 I5 S7, cuda float32, with backward"
+    assert re.fullmatch(rf"-> no backend is asked: this torch cannot make {device} tensors: .*{said}.*", lines[1]), lines
+    assert main(["info", "--explain", "cell", "--shape", "3,5,7", "--device", device, "--json"]) == 1
+    data = json.loads(capsys.readouterr().out)
+    assert data["trace"] == [] and re.search(said, data["unusable_device"]), data
+    if device == "cuda":  # explain() takes a device type, without an index
+        with pytest.raises(lltm_core.BackendError, match=rf"explain\(\): this torch cannot make cuda tensors, so no "
+                                                         rf"backend is asked: .*{said}"):
+            lltm_core.explain(lltm_core.Call("sequence", "cuda", torch.float32, 3, 5, 7, 4))
+
+
 def test_bench_json_times_each_backend_beside_the_peers():
     out = _lltm("bench", "--json", "--iterations", "20", "--size", "3,4,5")
     assert out.returncode == 0, out.stderr
