@@ -385,6 +385,8 @@ def _define(op: Op, name: str, kernels_now: Callable[[], Kernels]):
 
     setup_context, backward = formula(op, run_backward)
     forward_op.register_autograd(lambda ctx, grads: backward(ctx, grads), setup_context=setup_context)
+    from . import _flops  # FlopCounterMode then counts the GEMMs of the kernels inside, not 0
+    _flops.register_wrappers(op, name)
     return forward_op, backward_op
 
 

@@ -131,10 +131,11 @@ def register_fake_kernels(namespace: str, saved_layout, sequence_saved_layout=No
     ``namespace::sequence_backward``, which the library must define with the schemas of
     ``lltm_core/include/lltm_schema.h`` (checked here: a library built against another contract
     is an error).  With them the operators run under FakeTensorMode, torch.compile and
-    torch.export (symbolic sizes included).  Call it once, after loading the library that
+    torch.export (symbolic sizes included), and ``torch.utils.flop_counter.FlopCounterMode``
+    counts their GEMMs (``lltm_core._flops``).  Call it once, after loading the library that
     defines them.
     """
-    from . import _fake
+    from . import _fake, _flops
 
     fakes = {
         "forward": lambda a: _fake.cell_forward(saved_layout, a["input"], a["old_h"]),
@@ -149,6 +150,7 @@ def register_fake_kernels(namespace: str, saved_layout, sequence_saved_layout=No
         bind = _bind_by_name(namespace, name)
         torch.library.register_fake(f"{namespace}::{name}")(
             lambda *args, _fake=fake, _bind=bind, **kwargs: _fake(_bind(args, kwargs)))
+    _flops.register_namespace(namespace, fakes)
 
 
 # What a backend built on torch's stable ABI checks before it loads its library, in this order:

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import ast
+import dataclasses
 import pathlib
 
 import pytest
 import torch
+from torch.utils.flop_counter import FlopCounterMode
 
 import lltm_core
 from lltm_core import _ops
+from lltm_core.testing import make_sequence_inputs
 
 CORE = pathlib.Path(lltm_core.__file__).parent
 
@@ -83,3 +86,59 @@ def test_meta_tensors_give_the_shapes_nn_lstm_gives(bidirectional):
     want, (want_h, want_c) = lstm(packed)
     assert [(t.shape, t.device.type) for t in (out.data, h, c)] == [
         (t.shape, "meta") for t in (want.data, want_h, want_c)]
+
+
+# --- FlopCounterMode (lltm_core._flops) ----------------------------------------
+
+T, B, I, S = 5, 3, 4, 6
+GEMM = 2 * B * 3 * S * (S + I)  # one step's: (B, S + I) x (S + I, 3S), as torch counts mm
+
+
+def _flops(run) -> dict[str, int]:
+    with FlopCounterMode(display=False) as counter:
+        run()
+    return {str(op): flops for op, flops in counter.get_flop_counts().get("Global", {}).items()}
+
+
+@pytest.mark.skipif("cpu" not in lltm_core.available_backends(),
+                    reason="lltm-cpu is not installed here: its operators' formulas need its library")
+@pytest.mark.parametrize("input_grad", [False, True], ids=["weights_grad", "input_grad"])
+def test_flop_counter_counts_lltm_cpus_operators_as_the_formula_and_ref_say(input_grad):
+    # lltm-cpu's operators counted 0: FlopCounterMode sees only operators it has formulas for.
+    torch.manual_seed(0)
+    x = torch.randn(T, B, I, requires_grad=input_grad)
+    counts = {}
+    was_deterministic = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)  # lltm-cpu's first call of a shape then times no GEMM routes
+    try:
+        for backend in ("cpu", "ref"):
+            layer, cell = lltm_core.LLTMLayer(I, S, backend=backend), lltm_core.LLTM(I, S, backend=backend)
+            counts[backend] = (_flops(lambda: layer(x)), _flops(lambda: layer(x)[0].sum().backward()),
+                               _flops(lambda: cell(x[0])), _flops(lambda: sum(cell(x[0])).sum().backward()))
+    finally:
+        torch.use_deterministic_algorithms(was_deterministic)
+    sequence_backward = T * (GEMM + 2 * B * 3 * S * (S + (I if input_grad else 0)))  # W_h always, W_x if asked
+    cell_backward = GEMM * (2 if input_grad else 1)  # grad_X only when input (or the state) needs it
+    assert counts["cpu"] == (
+        {"lltm_cpu.sequence_forward": T * GEMM},
+        {"lltm_cpu.sequence_forward": T * GEMM, "lltm_cpu.sequence_backward": sequence_backward},
+        {"lltm_cpu.forward": GEMM},
+        {"lltm_cpu.forward": GEMM, "lltm_cpu.backward": cell_backward},
+    )
+    # lltm-ref's ATen operators count the same, but for its sequence forward: it adds each GEMM in place
+    # (addmm_), and torch has a formula for addmm, not addmm_, so that forward counts 0.
+    assert counts["ref"] == ({}, {"aten.mm": sequence_backward}, {"aten.addmm": GEMM},
+                             {"aten.addmm": GEMM, "aten.mm": cell_backward})
+
+
+def test_flop_counter_counts_lltms_wrapper_operators_even_when_made_inside_the_counter():
+    # lltm::<backend>_* run Python kernels inside one operator (under torch.compile), opaque to the counter;
+    # a backend loads at its first call, often inside the counter, after it copied torch's formulas.
+    backend = dataclasses.replace(lltm_core.get_backend("ref"), name="flops_counted")
+    x, weights, bias, h0, c0 = make_sequence_inputs(T, B, I, S, requires_grad=False)
+    with FlopCounterMode(display=False) as counter:
+        forward, backward = _ops.register(_ops.SEQUENCE, backend)  # defines them: the first time here
+        output, h_n, c_n, *saved = forward(x, weights, bias, h0, c0, None, False, backend.name)
+        backward(output, h_n, c_n, weights, x, h0, output, None, saved, False, True)
+    assert {str(op): n for op, n in counter.get_flop_counts().get("Global", {}).items()} == {
+        "lltm.flops_counted_sequence_forward": T * GEMM, "lltm.flops_counted_sequence_backward": 2 * T * GEMM}
