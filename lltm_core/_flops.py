@@ -67,7 +67,8 @@ def register(packet: torch._ops.OpOverloadPacket, kind: str) -> None:
         return formula({**defaults, **dict(zip(names, args)), **kwargs})
 
     counted = flop_counter.register_flop_formula(packet)(flops)
-    for mode in _python_dispatch._get_current_dispatch_mode_stack():
+    active_modes = getattr(_python_dispatch, "_get_current_dispatch_mode_stack", list)  # torch's, private
+    for mode in active_modes():
         counter = getattr(mode, "counter", None)  # the FlopCounterMode of its dispatch mode
         if isinstance(counter, flop_counter.FlopCounterMode):
             counter.flop_registry.setdefault(packet, counted)
