@@ -30,6 +30,7 @@ import warnings
 from dataclasses import dataclass
 from importlib import metadata
 
+from ._callers import user_stacklevel
 from .backend import SUPPORTED_INTERFACE_VERSIONS, Backend
 
 log = logging.getLogger("lltm_core")
@@ -141,8 +142,6 @@ def _discover() -> dict[str, list[BackendRecord]]:
                 entry_point=ep,
             )
         )
-    from ._notices import user_stacklevel  # imported here: _notices imports this module
-
     for name, recs in found.items():
         if len(recs) > 1:
             owners = ", ".join(f"{r.distribution} {r.version} ({r.value})" for r in recs)

@@ -13,12 +13,11 @@ Module state (``forget()`` resets it, from ``lltm_core.refresh()``):
 from __future__ import annotations
 
 import logging
-import os
-import sys
 import warnings
 
 import torch
 
+from ._callers import user_stacklevel
 from ._discovery import ENV_DISABLE, BackendRecord
 from .backend import Backend
 
@@ -27,48 +26,6 @@ log = logging.getLogger("lltm_core")
 
 class BackendUnavailableWarning(UserWarning):
     """An installed backend that would have been chosen cannot run, so a lesser one runs instead."""
-
-
-# Frames in these folders are between the user's line and a warning: lltm-core's own, and torch's
-# (nn.Module.__call__, autograd, the compilers) that a module's forward or a traced call runs under.
-# The conformance kit's are the caller's: it calls lltm-core as a user does.
-_TORCH = os.path.dirname(torch.__file__) + os.sep
-_NOT_THE_CALLERS = (os.path.dirname(__file__) + os.sep, _TORCH)
-_KIT = os.path.join(os.path.dirname(__file__), "testing") + os.sep
-
-
-def user_stacklevel() -> int:
-    """The ``stacklevel`` that makes a ``warnings.warn`` in the caller point at the user's line.
-
-    That is the first frame outside lltm-core and torch: ``LLTMLayer(...)(x)``, ``lltm(...)``,
-    ``import lltm_core`` or ``torch.export.export(...)``, however deep the path to the warning.
-    Python 3.12's ``skip_file_prefixes`` does this; lltm-core supports 3.11, so it counts the
-    frames itself, as ``warnings.warn`` will: importlib's frames are skipped without counting.
-    """
-    frame, level = sys._getframe(1), 1  # the function that calls warnings.warn is level 1
-    while frame is not None and _on_the_way(frame):
-        frame = frame.f_back
-        while frame is not None and _is_importlib(frame):
-            frame = frame.f_back
-        level += 1
-    return level
-
-
-def _on_the_way(frame) -> bool:
-    """Whether ``frame`` is lltm-core's or torch's, or code torch generated (``<string>``, called from torch)."""
-    filename = frame.f_code.co_filename
-    if filename.startswith(_KIT):
-        return False
-    if filename.startswith(_NOT_THE_CALLERS):
-        return True
-    caller = frame.f_back
-    return filename.startswith("<") and caller is not None and caller.f_code.co_filename.startswith(_TORCH)
-
-
-def _is_importlib(frame) -> bool:
-    """A frame ``warnings.warn`` steps over without counting (its own ``_is_internal_frame``)."""
-    filename = frame.f_code.co_filename
-    return "importlib" in filename and "_bootstrap" in filename
 
 
 _warned_unavailable: set[str] = set()

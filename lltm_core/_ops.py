@@ -33,7 +33,7 @@ from typing import Callable
 import torch
 import torch.autograd.forward_ad as _forward_ad
 
-from . import _discovery, _fake, _registry
+from . import _discovery, _fake, _flops, _registry
 from ._registry import BackendError
 from .backend import Backend, Call, Kernels
 
@@ -385,8 +385,7 @@ def _define(op: Op, name: str, kernels_now: Callable[[], Kernels]):
 
     setup_context, backward = formula(op, run_backward)
     forward_op.register_autograd(lambda ctx, grads: backward(ctx, grads), setup_context=setup_context)
-    from . import _flops  # FlopCounterMode then counts the GEMMs of the kernels inside, not 0
-    _flops.register_wrappers(op, name)
+    _flops.register_wrappers(op, name)  # FlopCounterMode then counts the GEMMs of the kernels inside, not 0
     return forward_op, backward_op
 
 

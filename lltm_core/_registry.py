@@ -44,6 +44,7 @@ from typing import Callable, NamedTuple
 import torch
 
 from . import _discovery, _notices
+from ._callers import user_stacklevel
 from ._discovery import ENV_BACKEND, ENV_DISABLE, BackendError, BackendRecord, is_loaded_from_entry_point  # noqa: F401
 from .backend import Backend, Call
 
@@ -83,7 +84,7 @@ _measure_setting: bool = _select_variable == "measure"
 if _select_variable not in (None, "", "measure"):
     warnings.warn(f"{ENV_SELECT}={_select_variable!r} means nothing to lltm: its one value is 'measure' (choose "
                   f"among the backends that accept a call by timing them); the choice stays by priority",
-                  stacklevel=_notices.user_stacklevel())
+                  stacklevel=user_stacklevel())
 _measured: dict[tuple, dict[str, float | str]] = {}
 #: ``time_backends(backends, call) -> {name: seconds per call, or "raised ..."}``: how the measured
 #: choice times the backends that accept a call.  lltm_core._measure sets it when lltm_core is

@@ -30,7 +30,8 @@ import warnings
 
 import torch
 
-from . import _notices, _ops, _registry
+from . import _ops, _registry
+from ._callers import user_stacklevel
 from ._ops import OPS, Op
 from .backend import Backend, Call
 
@@ -126,7 +127,7 @@ def _route(op_name: str, device_type: str, dtype: torch.dtype, backend, sizes, n
             f"lltm: backend {chosen.name!r} has Python kernels, so the exported graph calls lltm's Python "
             f"operator lltm::{op.operator_name(chosen.name, 'forward')}: it runs where "
             f"Python runs (torch._inductor.aoti_load_package) but not from C++.{hint}",
-            stacklevel=_notices.user_stacklevel(),
+            stacklevel=user_stacklevel(),
         )
     _ops.register(op, chosen)  # registers torch.ops.lltm.<name>_<op>forward on first use
     return (WRAPPED, chosen.name, None, False)

@@ -11,7 +11,7 @@ from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_
 
 from ._checks import (NotTorchScript, TorchSizeNames, ZeroBias, backend_repr, check_module_options, fx_leaf_call,
                       layer_sizes, sequence_args_valid)
-from ._notices import user_stacklevel
+from ._callers import user_stacklevel
 from ._sequence import lltm_sequence, run_checked
 
 _functorch_active = torch._C._are_functorch_transforms_active
