@@ -723,6 +723,9 @@ def test_same_results_for_any_thread_count(threads):
 # ---- The time loop's partition: blocks of batch rows or of state columns (csrc/cpu/partition.h).
 
 SPLITS = ["rows", "columns"]
+# The columns are chosen only where they measure this share of the rows' time or less (partition.h's
+# kColumnsWithin).
+COLUMNS_WITHIN = 0.90
 
 
 def split_records(key_part: str = "") -> dict:
@@ -740,8 +743,8 @@ def train_once(inputs, lengths=None, reverse=False):
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_split_measured_once_and_cached(dtype):
     """With two threads, a problem big enough for both partitions: the first call of its (dtype, B, S,
-    threads, direction) times rows against columns and keeps the faster; later calls reuse it and give
-    the same results, bit for bit."""
+    threads, direction) times rows against columns and keeps the rows unless the columns measure
+    faster by a margin; later calls reuse it and give the same results, bit for bit."""
     if os.environ.get("LLTM_CPU_SPLIT"):
         pytest.skip(f"LLTM_CPU_SPLIT={os.environ['LLTM_CPU_SPLIT']} chose the split")
     if torch.get_num_threads() < 2:
@@ -760,7 +763,8 @@ def test_split_measured_once_and_cached(dtype):
     for record in chosen.values():
         times = record["measured_us"]
         assert set(times) == set(SPLITS) and all(us > 0 for us in times.values()), record
-        assert record["chosen"] == min(times, key=times.get) and record["source"] == "measured", record
+        faster = "columns" if times["columns"] < COLUMNS_WITHIN * times["rows"] else "rows"
+        assert record["chosen"] == faster and record["source"] == "measured", record
         assert (record["dtype"], record["batch"], record["state_size"]) == (name, B, S), record
     again = train_once(inputs, lengths)
     assert split_records(f"time loop {name} B{B} S{S} ") == chosen  # cached: nothing timed again

@@ -1,7 +1,8 @@
 // Each thread's share of the recurrent weights W_h in the time loop
-// (lltm_sequence.cpp), laid out once per call for its GEMM route, by the
-// thread that uses it; or, for the blocks of rows, one layout they share,
-// each block's thread laying out a slice of it.
+// (lltm_sequence.cpp, and the split's timing in partition_choice.h), laid
+// out once per call for its GEMM route, by the thread that uses it; or, for
+// the blocks of rows, one layout they share, each block's thread laying out
+// a slice of it (LoopOperands holds a call's).
 #pragma once
 
 #include <cstdint>
@@ -157,6 +158,54 @@ std::unique_ptr<BlockOperands<scalar_t>> block_operands(const Partition& partiti
   return std::make_unique<BlockOperands<scalar_t>>(partition.route, forward, by_rows ? partition.rows.max_rows() : B,
                                                    S, w, ldw, col_begin, col_end, /*all_gates_whole=*/by_rows);
 }
+
+// The recurrent operands of one call's time loop, for every block of
+// `partition`: the rows' shared layout where rows_share_layout, else each
+// block's own (block_operands).  Each is laid out by the thread that runs
+// its block, at its first use.  The loop and the split's timing
+// (partition_choice.h) both take theirs from here, so that the timing
+// measures the layout that runs.
+template <typename scalar_t>
+class LoopOperands {
+ public:
+  LoopOperands(const Partition& partition, bool forward, int64_t B, int64_t S, const scalar_t* w, int64_t ldw)
+      : partition_(partition), forward_(forward), B_(B), S_(S), w_(w), ldw_(ldw), own_(partition.count()) {
+    if (rows_share_layout<scalar_t>(partition)) {
+      shared_ = shared_operands(partition, forward, S, w, ldw);
+    }
+  }
+
+  // The operands of block `block`, on the thread that runs blocks [first,
+  // last) (the column split: those blocks' columns together).  The shared
+  // layout's first use lays out this thread's slices and waits on `barrier`
+  // for the others', so every thread must ask before its first step.
+  const BlockOperands<scalar_t>& of_block(int64_t first, int64_t last, int64_t block, SpinBarrier& barrier) {
+    if (shared_) {
+      lay_out_shared(*shared_, first, last, barrier);
+      return *shared_;
+    }
+    if (partition_.by_rows()) {
+      if (!own_[block]) {
+        own_[block] = block_operands(partition_, forward_, B_, S_, w_, ldw_, 0, S_);
+      }
+      return *own_[block];
+    }
+    const auto [col_begin, col_end] = owned_columns(partition_.columns, first, last);
+    if (!own_[first] || !own_[first]->covers(col_begin, col_end)) {
+      own_[first] = block_operands(partition_, forward_, B_, S_, w_, ldw_, col_begin, col_end);
+    }
+    return *own_[first];
+  }
+
+ private:
+  const Partition partition_;
+  const bool forward_;
+  const int64_t B_, S_;
+  const scalar_t* const w_;
+  const int64_t ldw_;
+  std::vector<std::unique_ptr<BlockOperands<scalar_t>>> own_;  // per block of rows, or per thread's first column block
+  std::unique_ptr<BlockOperands<scalar_t>> shared_;
+};
 
 }  // namespace sequence
 }  // namespace lltm_cpu

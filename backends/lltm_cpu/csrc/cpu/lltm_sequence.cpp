@@ -25,8 +25,8 @@
 // * rows: a batch row's recurrence reads only that row of the previous step,
 //   so the loop runs once per block of batch rows, one block per thread,
 //   with no synchronisation between steps and each block's GEMMs
-//   single-threaded, on its own copy of the whole W_h laid out for them (see
-//   blas::RightOperand);
+//   single-threaded, multiplying by all of W_h laid out for them (one layout
+//   the blocks share, where the route allows: block_operands.h);
 // * columns: each thread owns a block of state columns [j0, j1) of all three
 //   gates and computes them for every batch row: its GEMMs read only its
 //   slices of W_h (W_h's rows g*S + j0 .. g*S + j1 forward, its columns
@@ -81,12 +81,9 @@
 namespace lltm_cpu {
 namespace {
 
-using sequence::block_operands;
 using sequence::BlockOperands;
-using sequence::lay_out_shared;
-using sequence::rows_share_layout;
-using sequence::shared_operands;
 using sequence::choose_partition;
+using sequence::LoopOperands;
 using sequence::owned_columns;
 
 // Inference (needs_backward false) keeps no gates for backward: the input is
@@ -243,16 +240,12 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> sequence_forward(
     const bool gates_beyond_l2 = beyond_l2(gates.numel() * gates.element_size());
 
     const Partition partition = choose_partition<scalar_t>(/*forward=*/true, T, B, S, w, ldw);
-    // Each thread's h W_h^T operands (per block of rows, or for its
-    // columns), laid out on its own thread at its first chunk.  Not at all
-    // for a single step from a zero h0, which has no recurrent product:
-    // laying out W_h costs more than that whole call's other work (T1 B64
-    // S512 float32: 0.38 of its 0.58 ms, benchmarks/results/cpu_sequence.md).
+    // The h W_h^T operands, laid out on each block's thread at its first
+    // chunk.  Not at all for a single step from a zero h0, which has no
+    // recurrent product: laying out W_h costs more than that whole call's
+    // other work (T1 B64 S512 float32, benchmarks/results/cpu_sequence.md).
     const bool any_product = T > 1 || !h0_zero;
-    std::vector<std::unique_ptr<BlockOperands<scalar_t>>> w_h(partition.count());
-    const auto shared_w_h = rows_share_layout<scalar_t>(partition)
-                                ? shared_operands(partition, /*forward=*/true, S, w, ldw)
-                                : std::unique_ptr<BlockOperands<scalar_t>>();
+    LoopOperands<scalar_t> w_h(partition, /*forward=*/true, B, S, w, ldw);
     // h W_h^T, B x 3S, in a buffer of its own (float for bfloat16), which
     // the pointwise pass adds to the projection and the bias; each block
     // writes its rows or columns.  Adding it into the gates buffer instead
@@ -319,32 +312,18 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> sequence_forward(
       blas::gemm<scalar_t>(false, true, rows, 3 * S, I, x + first_t * B * I, I, w + S, ldw, false, gates_data, 3 * S);
 
       run_partition(partition, [&](int64_t first, int64_t last, SpinBarrier& barrier) {
-        if (shared_w_h) {
-          if (any_product) {
-            lay_out_shared(*shared_w_h, first, last, barrier);
-          }
-          for (int64_t block = first; block < last; ++block) {
-            run_steps(chunk_begin, chunk_end, first_t, partition.rows.begin(block), partition.rows.end(block), 0, S,
-                      shared_w_h.get(), nullptr, 0);
-          }
-          return;
-        }
+        const auto operands = [&](int64_t block) {
+          return any_product ? &w_h.of_block(first, last, block, barrier) : nullptr;
+        };
         if (partition.by_rows()) {
           for (int64_t block = first; block < last; ++block) {
-            if (any_product && !w_h[block]) {
-              w_h[block] = block_operands(partition, /*forward=*/true, B, S, w, ldw, 0, S);
-            }
             run_steps(chunk_begin, chunk_end, first_t, partition.rows.begin(block), partition.rows.end(block), 0, S,
-                      w_h[block].get(), nullptr, 0);
+                      operands(block), nullptr, 0);
           }
           return;
         }
         const auto [col_begin, col_end] = owned_columns(partition.columns, first, last);
-        if (any_product && (!w_h[first] || !w_h[first]->covers(col_begin, col_end))) {
-          w_h[first] = block_operands(partition, /*forward=*/true, B, S, w, ldw, col_begin, col_end);
-        }
-        run_steps(chunk_begin, chunk_end, first_t, 0, B, col_begin, col_end, w_h[first].get(), &barrier,
-                  last - first);
+        run_steps(chunk_begin, chunk_end, first_t, 0, B, col_begin, col_end, operands(first), &barrier, last - first);
       });
     }
   });
@@ -474,30 +453,18 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> sequence_backward(
       }
     };
 
-    const auto shared_w_h = rows_share_layout<scalar_t>(partition)
-                                ? shared_operands(partition, /*forward=*/false, S, w, ldw)
-                                : std::unique_ptr<BlockOperands<scalar_t>>();
+    LoopOperands<scalar_t> w_h(partition, /*forward=*/false, B, S, w, ldw);  // for d_gates W_h
     run_partition(partition, [&](int64_t first, int64_t last, SpinBarrier& barrier) {
-      if (shared_w_h) {
-        lay_out_shared(*shared_w_h, first, last, barrier);
-        for (int64_t block = first; block < last; ++block) {
-          run_steps(partition.rows.begin(block), partition.rows.end(block), 0, S, *shared_w_h,
-                    bias_sums.data() + block * 3 * S, nullptr, 0);
-        }
-        return;
-      }
       if (partition.by_rows()) {
         for (int64_t block = first; block < last; ++block) {
-          // d_gates W_h
-          const auto w_h = block_operands(partition, /*forward=*/false, B, S, w, ldw, 0, S);
-          run_steps(partition.rows.begin(block), partition.rows.end(block), 0, S, *w_h,
-                    bias_sums.data() + block * 3 * S, nullptr, 0);
+          run_steps(partition.rows.begin(block), partition.rows.end(block), 0, S,
+                    w_h.of_block(first, last, block, barrier), bias_sums.data() + block * 3 * S, nullptr, 0);
         }
         return;
       }
       const auto [col_begin, col_end] = owned_columns(partition.columns, first, last);
-      const auto w_h = block_operands(partition, /*forward=*/false, B, S, w, ldw, col_begin, col_end);
-      run_steps(0, B, col_begin, col_end, *w_h, bias_sums.data(), &barrier, last - first);
+      run_steps(0, B, col_begin, col_end, w_h.of_block(first, last, first, barrier), bias_sums.data(), &barrier,
+                last - first);
     });
     scalar_t* grad_bias_data = grad_bias.mutable_data_ptr<scalar_t>();
     for (int64_t col = 0; col < 3 * S; ++col) {

@@ -49,8 +49,16 @@ inline std::optional<Split> requested_split() {
   return split;
 }
 
+// The columns are chosen only where they measure at most this share of the
+// rows' time: the first call's timing of the two varies between processes by
+// more than their difference in the loop, and where it chose the columns by
+// less, the loop ran slower than on the rows (benchmarks/results/
+// cpu_sequence.md, "the split's timing and its margin").
+constexpr double kColumnsWithin = 0.90;
+
 // The partition for `key`: LLTM_CPU_SPLIT's, else the cached choice, else
-// the faster of the two as time_split(split) measures them (us per step).
+// the rows unless time_split(split) (us per step) measures the columns
+// within kColumnsWithin of them.
 // time_split must not choose a GEMM route (tuning's mutex is held): choose
 // those first.
 template <typename TimeSplit>
@@ -63,7 +71,7 @@ Split tuned_split(const std::string& key, const tuning::Record& what, const Time
   // The two splits often measure within a few per cent: several rounds (tuning.h).
   return options[tuning::tuned_index(key, what, {split_name(Split::kRows), split_name(Split::kColumns)},
                                      [&](int index) { return time_split(options[index]); }, tuning::kOnlyOne,
-                                     tuning::kCloseCallRounds)];
+                                     tuning::kCloseCallRounds, kColumnsWithin)];
 }
 
 // A block of rows gets a thread of its own only with at least this much

@@ -28,10 +28,11 @@ namespace lltm_cpu {
 namespace sequence {
 
 // Microseconds per step of the time loop on this partition, all threads at
-// once: each step's recurrent GEMM on the real weights and its pointwise
-// pass (and, for the column split, its barrier), on made-up state in
-// buffers of the real sizes, h_t (forward) or d_gates_t (backward) feeding
-// the next step's GEMM as in the loop.  The pass is timed too: the column
+// once: each step's recurrent GEMM on the real weights, laid out as the loop
+// lays them out (LoopOperands: the rows' one shared layout is a call per
+// slice), and its pointwise pass (and, for the column split, its barrier),
+// on made-up state in buffers of the real sizes, h_t (forward) or d_gates_t
+// (backward) feeding the next step's GEMM as in the loop.  The pass is timed too: the column
 // split's threads wait for each other every step, so what one thread's pass
 // or GEMM loses to the other's, the barrier shows (timing the GEMMs and
 // barrier alone chose a split that ran the loop slower:
@@ -69,23 +70,23 @@ double time_partition(const Partition& partition, bool forward, int64_t B, int64
   const auto backward_pass = pointwise_kernels<scalar_t>().sequence_backward;
   double best_us = 0;
   std::atomic<bool> stop{false};
+  LoopOperands<scalar_t> w_h(partition, forward, B, S, w, ldw);  // as the loop lays them out
   run_partition(partition, [&](int64_t first, int64_t last, SpinBarrier& barrier) {
     const int64_t weight = last - first;
     const bool by_rows = partition.by_rows();
     struct Block {
-      std::unique_ptr<BlockOperands<scalar_t>> operands;
+      const BlockOperands<scalar_t>* operands;
       int64_t row_begin, row_end, col_begin, col_end;
     };
-    std::vector<Block> blocks;  // this thread's, each with its operands built on this thread
+    std::vector<Block> blocks;  // this thread's, each with its operands laid out on this thread
     if (by_rows) {
       for (int64_t block = first; block < last; ++block) {
-        blocks.push_back({block_operands(partition, forward, B, S, w, ldw, 0, S), partition.rows.begin(block),
+        blocks.push_back({&w_h.of_block(first, last, block, barrier), partition.rows.begin(block),
                           partition.rows.end(block), 0, S});
       }
     } else {
       const auto [col_begin, col_end] = owned_columns(partition.columns, first, last);
-      blocks.push_back(
-          {block_operands(partition, forward, B, S, w, ldw, col_begin, col_end), 0, B, col_begin, col_end});
+      blocks.push_back({&w_h.of_block(first, last, first, barrier), 0, B, col_begin, col_end});
     }
     int64_t parity = 0;
     const auto step = [&] {

@@ -62,7 +62,8 @@ std::string quoted(const std::string& text) {
 }
 
 int tuned_index(const std::string& key, const Record& what, const std::vector<const char*>& names,
-                const std::function<double(int)>& time_option, const char* single_source, int rounds) {
+                const std::function<double(int)>& time_option, const char* single_source, int rounds,
+                double first_kept_within) {
   LLTM_CHECK(!names.empty(), "lltm_cpu: nothing to choose from for ", key);
   const bool fixed = deterministic_algorithms();
   const std::string full_key = fixed ? key + " deterministic" : key;
@@ -83,7 +84,7 @@ int tuned_index(const std::string& key, const Record& what, const std::vector<co
     }
     for (int index = 0; index < static_cast<int>(names.size()); ++index) {
       measured.emplace_back(names[index], fastest[index]);
-      if (fastest[index] < fastest[best]) {
+      if (fastest[index] < (best == 0 ? fastest[0] * first_kept_within : fastest[best])) {
         best = index;
       }
     }
