@@ -17,8 +17,11 @@ import lltm_ref
 from lltm_core import _discovery, _registry
 from lltm_core.testing import make_inputs
 
-# Seconds each fake backend's forward costs: the tests set them.
+# Seconds each fake backend's forward costs: the tests set them, SLOW for one and FAST for the other.
+# SLOW is several scheduler ticks: on a loaded machine a process can lose a whole 4 ms tick in a call,
+# and at 4 ms the faster backend's median of five rounds once measured slower than the other's.
 COSTS = {"steady": 0.0, "nimble": 0.0}
+SLOW, FAST = 0.03, 0.0005
 RAN: list[str] = []
 
 
@@ -61,7 +64,7 @@ def _chosen(trace):
 
 
 def test_the_faster_runs_and_the_slower_when_the_costs_swap(two_backends):
-    COSTS.update(steady=0.004, nimble=0.0005)
+    COSTS.update(steady=SLOW, nimble=FAST)
     args = _sequence_args()
     call = lltm_core.Call("sequence", "cpu", torch.float32, 2, 3, 4, 6)
     assert _chosen(lltm_core.explain(call)).name == "steady"  # by priority: nothing is timed
@@ -81,7 +84,7 @@ def test_the_faster_runs_and_the_slower_when_the_costs_swap(two_backends):
     lltm_core.lltm_sequence(*args)
     assert RAN == ["steady"]
 
-    COSTS.update(steady=0.0005, nimble=0.004)
+    COSTS.update(steady=FAST, nimble=SLOW)
     _registry.forget_choices()  # forgets the measured times (as refresh() does), as a new process would
     with lltm_core.select_by_measurement():
         RAN.clear()
@@ -91,7 +94,7 @@ def test_the_faster_runs_and_the_slower_when_the_costs_swap(two_backends):
 
 
 def test_the_cell_and_inference_are_measured_too(two_backends):
-    COSTS.update(steady=0.004, nimble=0.0005)
+    COSTS.update(steady=SLOW, nimble=FAST)
     lltm_core.select_by_measurement()  # as a plain call: on for the process (the fixture turns it off)
     assert _registry.measuring()
     new_h, _ = lltm_core.lltm(*make_inputs(3, 4, 5))
@@ -104,7 +107,7 @@ def test_the_cell_and_inference_are_measured_too(two_backends):
 
 
 def test_a_named_backend_runs_untimed(two_backends):
-    COSTS.update(steady=0.004, nimble=0.0005)
+    COSTS.update(steady=SLOW, nimble=FAST)
     with lltm_core.select_by_measurement():
         lltm_core.lltm_sequence(*_sequence_args(), backend="steady")
         with lltm_core.use_backend("steady"):
@@ -115,7 +118,7 @@ def test_a_named_backend_runs_untimed(two_backends):
 
 
 def test_under_compile_the_measured_choice_is_made_while_tracing(two_backends):
-    COSTS.update(steady=0.004, nimble=0.0005)
+    COSTS.update(steady=SLOW, nimble=FAST)
     graphs = []
 
     def record(gm, example_inputs):
