@@ -50,9 +50,9 @@ FORMULAS = {
 
 
 #: In-place GEMMs torch's flop counter has no formula for -> the operator whose formula counts them.
-#: lltm-ref's sequence forward adds each step's GEMM into its gates buffer with ``addmm_`` (no allocation
-#: a step: ``h.mm(W_h^T)`` added in place, or ``addmm`` and the steps stacked, measured slower), which
-#: torch counts 0.  Given here, once lltm-core is imported, for every FlopCounterMode made after that.
+#: lltm-ref's sequence forward adds each step's GEMM into its gates buffer with ``addmm_``, which torch
+#: counts 0; a counted operator there (``mm`` then ``add_``, or ``addmm`` and the steps stacked) would
+#: cost an allocation a step.  Given here, once lltm-core is imported, for every FlopCounterMode made after.
 IN_PLACE_GEMMS = {torch.ops.aten.addmm_: torch.ops.aten.addmm}
 for _in_place, _counted_as in IN_PLACE_GEMMS.items():
     flop_counter.flop_registry.setdefault(_in_place, flop_counter.flop_registry[_counted_as])
