@@ -22,10 +22,14 @@ a backend that saves what lltm-ref saves passes them as its ``Backend`` fields, 
 from __future__ import annotations
 
 import functools
+import os
 import re
+import sys
 from pathlib import Path
 
 import torch
+
+from ._callers import stacklevel_from
 
 
 # --- the standard saved layouts -------------------------------------------------
@@ -161,11 +165,6 @@ def user_stacklevel(package_folder) -> int:
 
         warnings.warn(message, stacklevel=user_stacklevel(os.path.dirname(__file__)))
     """
-    import os
-    import sys
-
-    from ._callers import stacklevel_from
-
     return stacklevel_from(sys._getframe(1), (os.path.join(os.fspath(package_folder), ""),))
 
 
