@@ -26,8 +26,15 @@ def user_stacklevel() -> int:
     Python 3.12's ``skip_file_prefixes`` does this; lltm-core supports 3.11, so it counts the
     frames itself, as ``warnings.warn`` will: importlib's frames are skipped without counting.
     """
-    frame, level = sys._getframe(1), 1  # the function that calls warnings.warn is level 1
-    while frame is not None and _on_the_way(frame):
+    return stacklevel_from(sys._getframe(1))
+
+
+def stacklevel_from(frame, also_skip: tuple[str, ...] = ()) -> int:
+    """:func:`user_stacklevel` for a ``warnings.warn`` in ``frame``'s function, with the frames in the
+    folders ``also_skip`` (each ending in ``os.sep``: a backend's package) on the way as well."""
+    not_the_callers = _NOT_THE_CALLERS + also_skip
+    level = 1  # frame, the function that calls warnings.warn, is level 1
+    while frame is not None and _on_the_way(frame, not_the_callers):
         frame = frame.f_back
         while frame is not None and _is_importlib(frame):
             frame = frame.f_back
@@ -35,12 +42,12 @@ def user_stacklevel() -> int:
     return level
 
 
-def _on_the_way(frame) -> bool:
-    """Whether ``frame`` is lltm-core's or torch's, or code torch generated (``<string>``, called from torch)."""
+def _on_the_way(frame, not_the_callers: tuple[str, ...]) -> bool:
+    """Whether ``frame`` is in ``not_the_callers``, or code torch generated (``<string>``, called from torch)."""
     filename = frame.f_code.co_filename
     if filename.startswith(_KIT):
         return False
-    if filename.startswith(_NOT_THE_CALLERS):
+    if filename.startswith(not_the_callers):
         return True
     caller = frame.f_back
     return filename.startswith("<") and caller is not None and caller.f_code.co_filename.startswith(_TORCH)

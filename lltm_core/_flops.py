@@ -17,8 +17,8 @@ one step (the gates, from [h, x] and the weights, (3S, S + I)):
 
 so a backward that computes every input's gradient counts twice its forward.  These are the
 contract's GEMMs whatever a backend does (one input projection for all steps, or one a step):
-lltm-ref's ATen operators count the same, except what torch's formulas do not cover (its
-in-place ``addmm_``).
+lltm-ref's ATen operators count the same, its sequence's in-place ``addmm_`` included
+(:data:`IN_PLACE_GEMMS`).
 """
 
 from __future__ import annotations
@@ -47,6 +47,15 @@ FORMULAS = {
     "sequence_forward": lambda a: a["input"][0] * _gemm(a["input"][1], a["weights"]),
     "sequence_backward": _sequence_backward,
 }
+
+
+#: In-place GEMMs torch's flop counter has no formula for -> the operator whose formula counts them.
+#: lltm-ref's sequence forward adds each step's GEMM into its gates buffer with ``addmm_``, which torch
+#: counts 0; a counted operator there (``mm`` then ``add_``, or ``addmm`` and the steps stacked) would
+#: cost an allocation a step.  Given here, once lltm-core is imported, for every FlopCounterMode made after.
+IN_PLACE_GEMMS = {torch.ops.aten.addmm_: torch.ops.aten.addmm}
+for _in_place, _counted_as in IN_PLACE_GEMMS.items():
+    flop_counter.flop_registry.setdefault(_in_place, flop_counter.flop_registry[_counted_as])
 
 
 def register(packet: torch._ops.OpOverloadPacket, kind: str) -> None:

@@ -15,16 +15,21 @@ A library built against torch's full C++ ABI (a JIT build) runs only on the torc
 ``torch_mismatch`` says so.  ``backends/lltm_cpu/`` and ``backends/lltm_cuda/`` use these.
 
 The standard saved layouts, :func:`saved_layout` and :func:`sequence_saved_layout`, are here too:
-a backend that saves what lltm-ref saves passes them as its ``Backend`` fields.
+a backend that saves what lltm-ref saves passes them as its ``Backend`` fields, and
+:func:`user_stacklevel` makes any backend's warnings point at the user's line.
 """
 
 from __future__ import annotations
 
 import functools
+import os
 import re
+import sys
 from pathlib import Path
 
 import torch
+
+from ._callers import stacklevel_from
 
 
 # --- the standard saved layouts -------------------------------------------------
@@ -151,6 +156,16 @@ def register_fake_kernels(namespace: str, saved_layout, sequence_saved_layout=No
         torch.library.register_fake(f"{namespace}::{name}")(
             lambda *args, _fake=fake, _bind=bind, **kwargs: _fake(_bind(args, kwargs)))
     _flops.register_namespace(namespace, fakes)
+
+
+def user_stacklevel(package_folder) -> int:
+    """The ``stacklevel`` that makes a ``warnings.warn`` in the caller point at the user's line: the first
+    frame outside ``package_folder`` (the backend's package), lltm-core and torch, however deep the call
+    path (a backend's first call, lltm-core loading it, autograd)::
+
+        warnings.warn(message, stacklevel=user_stacklevel(os.path.dirname(__file__)))
+    """
+    return stacklevel_from(sys._getframe(1), (os.path.join(os.fspath(package_folder), ""),))
 
 
 # What a backend built on torch's stable ABI checks before it loads its library, in this order:

@@ -85,6 +85,29 @@ def test_a_warning_under_torch_and_code_it_generates_names_the_callers_line():
     assert [(w.filename, str(w.message)) for w in said] == [(__file__, "deep")]
 
 
+def test_a_backends_warning_names_the_callers_line_through_its_own_frames(tmp_path):
+    # lltm_core.extension.user_stacklevel(package): the backend's frames are on the way too, as deep as
+    # they go, and lltm-core's and torch's above them.  Each frame is compiled under the file name it
+    # would have.
+    from lltm_core.extension import user_stacklevel
+
+    package = tmp_path / "backend_pkg"
+    namespace = {"warnings": warnings, "user_stacklevel": user_stacklevel, "package": str(package)}
+    for source, filename in (
+            ("def warn_in_backend():\n    warnings.warn('deep', stacklevel=user_stacklevel(package))",
+             str(package / "_fit.py")),
+            ("def backend_kernel():\n    return warn_in_backend()", str(package / "_sequence.py")),
+            ("def lltm_calls(function):\n    return function()",
+             os.path.join(os.path.dirname(lltm_core.__file__), "_x.py")),
+            ("def torch_runs(function):\n    return lltm_calls(function)",
+             os.path.join(os.path.dirname(torch.__file__), "_x.py"))):
+        exec(compile(source, filename, "exec"), namespace)
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        namespace["torch_runs"](namespace["backend_kernel"])
+    assert [(w.filename, str(w.message)) for w in said] == [(__file__, "deep")]
+
+
 @pytest.mark.parametrize("packed", [False, True], ids=["tensor", "packed"])
 def test_autocast_runs_the_layer_in_its_dtype_as_it_runs_nn_lstm(packed):
     torch.manual_seed(3)

@@ -125,10 +125,38 @@ def test_flop_counter_counts_lltm_cpus_operators_as_the_formula_and_ref_say(inpu
         {"lltm_cpu.forward": GEMM},
         {"lltm_cpu.forward": GEMM, "lltm_cpu.backward": cell_backward},
     )
-    # lltm-ref's ATen operators count the same, but for its sequence forward: it adds each GEMM in place
-    # (addmm_), and torch has a formula for addmm, not addmm_, so that forward counts 0.
-    assert counts["ref"] == ({}, {"aten.mm": sequence_backward}, {"aten.addmm": GEMM},
-                             {"aten.addmm": GEMM, "aten.mm": cell_backward})
+    # lltm-ref's ATen operators count the same (its sequence forward's in-place addmm_ too: _flops.IN_PLACE_GEMMS).
+    assert counts["ref"] == ({"aten.addmm_": T * GEMM}, {"aten.addmm_": T * GEMM, "aten.mm": sequence_backward},
+                             {"aten.addmm": GEMM}, {"aten.addmm": GEMM, "aten.mm": cell_backward})
+
+
+@pytest.mark.parametrize("lengths", [None, [7, 2, 5]], ids=["full", "lengths"])
+@pytest.mark.parametrize("input_grad", [False, True], ids=["weights_grad", "input_grad"])
+def test_flop_counter_counts_lltm_refs_gemms_as_the_formula_says(input_grad, lengths, monkeypatch):
+    # lltm-ref's sequence forward added its GEMMs in place (addmm_), which torch counted 0.
+    import lltm_ref
+
+    T, B, I, S = 7, 3, 5, 11  # odd sizes: the counts must follow each dimension
+    gemm = 2 * B * 3 * S * (S + I)
+    torch.manual_seed(0)
+    x = torch.randn(T, B, I, requires_grad=input_grad)
+    lengths = torch.tensor(lengths) if lengths else None
+    layer, cell = lltm_core.LLTMLayer(I, S, backend="ref"), lltm_core.LLTM(I, S, backend="ref")
+    packed = torch.nn.utils.rnn.pack_padded_sequence(x, lengths, enforce_sorted=False) if lengths is not None else x
+
+    def total(run) -> int:
+        with FlopCounterMode(display=False) as counter:
+            run()
+        return counter.get_total_flops()
+
+    sequence_backward = T * (gemm + 2 * B * 3 * S * (S + (I if input_grad else 0)))
+    assert total(lambda: layer(packed)) == T * gemm
+    assert total(lambda: layer(packed)[1][0].sum().backward()) == T * gemm + sequence_backward
+    monkeypatch.setattr(lltm_ref, "INFERENCE_CHUNK_ROWS", 2 * B)  # inference: its input projected 2 steps at a time
+    with torch.no_grad():
+        assert total(lambda: layer(packed)) == T * gemm
+    assert total(lambda: cell(x[0])) == gemm
+    assert total(lambda: sum(cell(x[0])).sum().backward()) == gemm * (3 if input_grad else 2)
 
 
 def test_flop_counter_counts_lltms_wrapper_operators_even_when_made_inside_the_counter():

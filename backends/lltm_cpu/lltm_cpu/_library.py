@@ -154,7 +154,9 @@ def _load_library() -> str | None:
     # torch.use_deterministic_algorithms would then change nothing in them: say so, once (this is cached).
     flag = _c_function("lltm_cpu_deterministic_flag_error", path)().decode()
     if flag:
-        warnings.warn(f"lltm_cpu: {flag}", RuntimeWarning, stacklevel=2)
+        from lltm_core.extension import user_stacklevel
+
+        warnings.warn(f"lltm_cpu: {flag}", RuntimeWarning, stacklevel=user_stacklevel(os.path.dirname(__file__)))
     return None
 
 

@@ -911,6 +911,24 @@ def test_an_unreadable_deterministic_flag_warns_once(hidden):
     assert "deterministic" not in result["sources"], result  # the flag is indeed unseen
 
 
+def test_the_deterministic_flag_warning_names_the_callers_line(monkeypatch):
+    """The warning above points at the line that loaded lltm-cpu (here load_backend(), as lltm-core
+    calls it), not at a frame of lltm-cpu's own, however deep the library is loaded."""
+    from lltm_cpu import _factory, _library
+
+    def c_function(name, path=None):  # the library as loaded, but reporting the flag unreadable
+        message = "the flag is unseen" if name == "lltm_cpu_deterministic_flag_error" else ""
+        return lambda: message.encode()
+
+    monkeypatch.delenv("LLTM_CPU_JIT", raising=False)
+    monkeypatch.setattr(_library, "_load_built_library", lambda: None)  # loaded already
+    monkeypatch.setattr(_library, "_c_function", c_function)
+    monkeypatch.setattr(_factory, "_load_library", _library._load_library.__wrapped__)  # not the cached answer
+    with pytest.warns(RuntimeWarning, match="lltm_cpu: the flag is unseen") as caught:
+        lltm_cpu.load_backend()
+    assert [w.filename for w in caught] == [__file__]
+
+
 def test_deterministic_algorithms_fix_the_choice_across_processes():
     """Under torch.use_deterministic_algorithms(True) nothing is timed: two processes whose timings
     disagree (LLTM_CPU_TEST_SLOW_ROUTES slows different routes and splits in each) choose the same

@@ -14,9 +14,11 @@ tests/test_gpu.py meets a real one.
 
 from __future__ import annotations
 
+import os
 import warnings
 from typing import Callable
 
+from lltm_core.extension import user_stacklevel
 from triton.runtime.errors import OutOfResources
 
 #: (kernel name, device, dtype, S, tiles) -> Triton's message, for each configuration that did not load.
@@ -53,6 +55,7 @@ def first_that_fits(configs: list, launch: Callable, device, dtype, S: int):
             key = key or _key(kernel, device, dtype, S, tiles)
             too_large[key] = str(error)
             warnings.warn(f"lltm-triton: {kernel.__name__} with {tiles} at S={S} in {dtype} does not fit this "
-                          f"GPU ({error}); trying smaller tiles, slower than should_run assumed", stacklevel=3)
+                          f"GPU ({error}); trying smaller tiles, slower than should_run assumed",
+                          stacklevel=user_stacklevel(os.path.dirname(__file__)))
     raise RuntimeError(f"lltm-triton: {kernel.__name__} at S={S} in {dtype} does not fit this GPU even at its "
                        f"smallest tiles {tiles} ({too_large[key]}): use lltm-cuda instead (backend=\"cuda\")")

@@ -13,6 +13,7 @@ import warnings
 import pytest
 import torch
 
+import lltm_core
 import lltm_ref
 from _helpers import DEVICE, DTYPES, INTERPRETER, TOLERANCE, rel_error
 from lltm_core.testing import make_inputs, make_sequence_inputs
@@ -283,6 +284,17 @@ def test_inference_falls_back_once_for_all_chunks(too_large, gpu_tiles, monkeypa
     _assert_close({n: rel_error(g, w) for n, g, w in zip(("output", "h_n", "c_n"), got, want)}, torch.float32,
                   "inference, fallen back")
     assert len(memory) == 1
+
+
+def test_the_fallback_warning_names_the_callers_line(too_large, gpu_tiles):
+    """However deep the launch (lltm-core's lltm_sequence, its autograd Function, lltm-triton's wrapper),
+    the warning points at the user's line, not at a frame of lltm-triton's."""
+    _, _, refuse = too_large
+    refuse(_sequence._forward_resident)
+    inputs, lengths = _sequence_case((5, 4, 3, 9, [2, 5, 1, 4]), torch.float32, False)
+    with pytest.warns(UserWarning, match="_forward_resident .* does not fit this GPU") as caught:
+        lltm_core.lltm_sequence(*inputs, lengths=lengths, backend="triton")
+    assert [w.filename for w in caught] == [__file__]
 
 
 def test_nothing_fits_says_use_lltm_cuda(too_large, gpu_tiles):
