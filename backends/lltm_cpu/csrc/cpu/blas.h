@@ -88,10 +88,14 @@ class RightOperand {
   RightOperand& operator=(const RightOperand&) = delete;
   ~RightOperand();
 
+  // Whether the route lays out a copy of B (MKL's packed format, lltm-cpu's
+  // kernels), which the time loop does once per call.
+  static bool lays_out(Route route);
+
   // Whether one operand of `route` is worth sharing between threads: the
-  // route lays out a copy of B (MKL's packed format, lltm-cpu's kernels),
-  // and multiply writes no scratch of the operand's, so that several threads
-  // may multiply by it at once (not amx-bf16).
+  // route lays out a copy of B, and multiply writes no scratch of the
+  // operand's, so that several threads may multiply by it at once (not
+  // amx-bf16).
   static bool shared_layout(Route route);
 
   // C (m x n) = A op(B) (+ C if accumulate), m <= max_m.
