@@ -378,6 +378,17 @@ def routes_chosen() -> dict:
     return {record["key"]: record["chosen"] for record in records()}
 
 
+# The recurrent routes that lay out a copy of W_h are chosen only where they measure this share of
+# the others' times or less (gemm_routes.cpp's kLaidOutWithin).
+LAID_OUT = {"amx-bf16", "avx512-bf16", "avx512-fma", "avx2-fma", "mkl-packed"}
+LAID_OUT_WITHIN = 0.90
+
+
+def recurrent_route_by_rule(times: dict) -> str:
+    """The recurrent route that kLaidOutWithin's rule chooses from {route: us}."""
+    return min(times, key=lambda route: times[route] / (LAID_OUT_WITHIN if route in LAID_OUT else 1.0))
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_routes_measured_once_per_shape(dtype):
     """The first call of a shape chooses each GEMM's route among those this torch offers the dtype;
@@ -411,10 +422,10 @@ def test_routes_measured_once_per_shape(dtype):
     assert len(chosen) == 2, chosen
     for record in chosen:
         assert record["kind"] == "recurrent" and record["dtype"] == name and record["threads"] >= 1, record
-        if torch.backends.mkl.is_available():  # more than one route: each timed, the fastest kept
+        if torch.backends.mkl.is_available():  # more than one route: each timed, the fastest kept (by the margin)
             times = record["measured_us"]
             assert record["source"] == "measured" and set(times) <= offered and len(times) >= 2, record
-            assert all(us > 0 for us in times.values()) and record["chosen"] == min(times, key=times.get), record
+            assert all(us > 0 for us in times.values()) and record["chosen"] == recurrent_route_by_rule(times), record
     own = [route for route, runs in (("amx-bf16", dtype == torch.bfloat16 and amx_bf16_kernel()),
                                      ("avx512-bf16", dtype == torch.bfloat16 and avx512_bf16_kernel()),
                                      ("avx512-fma", dtype != torch.float64 and avx512_fma_kernel()),
@@ -573,6 +584,41 @@ for dtype in (torch.float32, torch.float64, torch.bfloat16):
         errors[str(dtype).split(".")[1]] = str(exc)
 print(json.dumps({"records": lltm_cpu.gemm_routes(), "errors": errors}))
 """
+
+
+_RECURRENT_PROBE = """
+import json, torch, lltm_core, lltm_cpu
+from lltm_core.testing import make_sequence_inputs
+inputs = [t.detach().requires_grad_() for t in make_sequence_inputs(3, 5, 4, 33)]
+output, h_n, c_n = lltm_core.lltm_sequence(*inputs, backend="cpu")
+(output.sum() + h_n.sum()).backward()
+print(json.dumps([r for r in lltm_cpu.gemm_routes() if r["kind"] == "recurrent"]))
+"""
+
+
+@pytest.mark.parametrize("faster_by", [0.95, 0.85])
+@pytest.mark.parametrize("laid_out", ["mkl-packed", "avx2-fma"])
+def test_recurrent_route_that_lays_out_wins_by_a_margin_in_subprocess(laid_out, faster_by):
+    """A recurrent route that lays out a copy of W_h each call (here mkl-packed or lltm-cpu's
+    avx2-fma) is chosen over MKL's plain GEMM only where it measures faster by the margin
+    (kLaidOutWithin): the times are set (LLTM_CPU_TEST_SLOW_ROUTES's "route=us"), the other routes
+    far slower."""
+    if not torch.backends.mkl.is_available():
+        pytest.skip("this torch has no MKL: neither mkl nor mkl-packed is offered")
+    if laid_out == "avx2-fma" and not avx2_fma_kernel():
+        pytest.skip("no avx2-fma kernel on this CPU or in this build")
+    others = ["amx-bf16", "avx512-bf16", "avx512-fma", "avx2-fma", "mkl-packed", "aten"]
+    times = {**{route: 1000.0 for route in others}, laid_out: 100.0 * faster_by, "mkl": 100.0}
+    env = {k: v for k, v in os.environ.items() if k not in ("LLTM_CPU_GEMM", "LLTM_CPU_SPLIT")}
+    env["LLTM_CPU_TEST_SLOW_ROUTES"] = ",".join(f"{route}={us}" for route, us in times.items())
+    run = subprocess.run([sys.executable, "-c", _RECURRENT_PROBE], env=env, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-3000:]
+    recurrent = json.loads(run.stdout.splitlines()[-1])
+    assert len(recurrent) >= 2, recurrent  # forward's and backward's
+    want = laid_out if faster_by < LAID_OUT_WITHIN else "mkl"
+    for record in recurrent:
+        assert record["measured_us"][laid_out] == times[laid_out] and record["measured_us"]["mkl"] == 100.0, record
+        assert record["chosen"] == want, record
 
 
 @pytest.mark.parametrize("route", sorted(FORCED))

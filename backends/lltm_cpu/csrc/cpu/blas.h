@@ -9,7 +9,8 @@
 // * the recurrent GEMMs (RightOperand) of a (dtype, rows, N, K, layout,
 //   threads) key: at the first sequence call with that key, every route
 //   offered for the dtype runs that GEMM on the real weights for about a
-//   millisecond, and the fastest is kept (recurrent_route).  The routes:
+//   millisecond, and the fastest is kept, one that lays out a copy of the
+//   weights only by a margin (recurrent_route).  The routes:
 //   MKL's packed and plain GEMMs, called directly (torch's x86-64 builds link
 //   MKL and export its C and Fortran symbols, found at run time with dlsym:
 //   MKL's ABI, not torch's), lltm-cpu's own kernels (AVX2 FMA for float32
@@ -88,10 +89,14 @@ class RightOperand {
   RightOperand& operator=(const RightOperand&) = delete;
   ~RightOperand();
 
+  // Whether the route lays out a copy of B (MKL's packed format, lltm-cpu's
+  // kernels), which the time loop does once per call.
+  static bool lays_out(Route route);
+
   // Whether one operand of `route` is worth sharing between threads: the
-  // route lays out a copy of B (MKL's packed format, lltm-cpu's kernels),
-  // and multiply writes no scratch of the operand's, so that several threads
-  // may multiply by it at once (not amx-bf16).
+  // route lays out a copy of B, and multiply writes no scratch of the
+  // operand's, so that several threads may multiply by it at once (not
+  // amx-bf16).
   static bool shared_layout(Route route);
 
   // C (m x n) = A op(B) (+ C if accumulate), m <= max_m.

@@ -59,20 +59,6 @@ double on_one_thread(const Measure& measure) {
 // How a GEMM's choice with one candidate was made, as gemm_routes() reports it.
 const char* single_route_source() { return requested_route().has_value() ? "LLTM_CPU_GEMM" : tuning::kOnlyOne; }
 
-// The route for `key`: the cached choice, or the fastest of `candidates`,
-// each timed by `time_route(route)` -> us, `rounds` times in turn (tuning.h).
-template <typename TimeRoute>
-Route tuned(const std::string& key, const tuning::Record& what, const std::vector<Route>& candidates,
-            const TimeRoute& time_route, int rounds = 1) {
-  std::vector<const char*> names;
-  for (const Route route : candidates) {
-    names.push_back(route_name(route));
-  }
-  const int index = tuning::tuned_index(key, what, names, [&](int i) { return time_route(candidates[i]); },
-                                        single_route_source(), rounds);
-  return candidates[index];
-}
-
 // Test data for timing: small values, never denormal.
 template <typename T>
 std::vector<T> filled(int64_t count) {
@@ -338,6 +324,14 @@ void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const sca
   gemm_on(route, trans_a, trans_b, m, n, k, a, lda, b, ldb, accumulate, c, ldc);
 }
 
+// A route that lays out a copy of W_h is chosen for the recurrent GEMMs only
+// where it measures at most this share of the time of every route that
+// reads W_h as it is: its timing leaves out the layout, which the time loop
+// repeats every call, and where it measured about even it ran the loop
+// slower (benchmarks/results/cpu_sequence.md, "the recurrent route's margin
+// for a layout").
+constexpr double kLaidOutWithin = 0.90;
+
 template <typename scalar_t>
 Route recurrent_route(bool trans_b, int64_t max_m, int64_t n, int64_t k, const scalar_t* b, int64_t ldb,
                       bool threaded) {
@@ -387,9 +381,17 @@ Route recurrent_route(bool trans_b, int64_t max_m, int64_t n, int64_t k, const s
     };
     return threaded ? measure() : on_one_thread(measure);
   };
+  std::vector<const char*> names;
+  std::vector<double> within;
+  for (const Route route : candidates) {
+    names.push_back(route_name(route));
+    within.push_back(RightOperand<scalar_t>::lays_out(route) ? kLaidOutWithin : 1.0);
+  }
   // One of these GEMMs takes microseconds: several rounds (tuning.h).  The
   // all-steps GEMMs run long enough for one.
-  return tuned(key.str(), what, candidates, time_route, tuning::kCloseCallRounds);
+  const int index = tuning::tuned_index(key.str(), what, names, [&](int i) { return time_route(candidates[i]); },
+                                        single_route_source(), tuning::kCloseCallRounds, within);
+  return candidates[index];
 }
 
 #define LLTM_INSTANTIATE(scalar_t)                                                                                   \

@@ -71,7 +71,7 @@ Split tuned_split(const std::string& key, const tuning::Record& what, const Time
   // The two splits often measure within a few per cent: several rounds (tuning.h).
   return options[tuning::tuned_index(key, what, {split_name(Split::kRows), split_name(Split::kColumns)},
                                      [&](int index) { return time_split(options[index]); }, tuning::kOnlyOne,
-                                     tuning::kCloseCallRounds, kColumnsWithin)];
+                                     tuning::kCloseCallRounds, {1.0, kColumnsWithin})];
 }
 
 // A block of rows gets a thread of its own only with at least this much

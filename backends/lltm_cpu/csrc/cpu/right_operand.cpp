@@ -65,13 +65,18 @@ RightOperand<scalar_t>::RightOperand(Route route, bool trans_b, int64_t max_m, i
 }
 
 template <typename scalar_t>
-bool RightOperand<scalar_t>::shared_layout(Route route) {
+bool RightOperand<scalar_t>::lays_out(Route route) {
   if constexpr (std::is_same_v<scalar_t, float>) {
     return route == Route::kMklPacked || is_f32_kernel(route);
   } else if constexpr (std::is_same_v<scalar_t, c10::BFloat16>) {
-    return route == Route::kAvx512Bf16 || is_f32_kernel(route);
+    return route == Route::kAvx512Bf16 || route == Route::kAmxBf16 || is_f32_kernel(route);
   }
   return false;
+}
+
+template <typename scalar_t>
+bool RightOperand<scalar_t>::shared_layout(Route route) {
+  return lays_out(route) && route != Route::kAmxBf16;
 }
 
 template <typename scalar_t>

@@ -38,14 +38,20 @@ State& state() {
 // LLTM_CPU_TEST_SLOW_ROUTES (tests only): a comma-separated list of options
 // ("mkl", "rows", ...) whose measured time is multiplied by 1000, so that two
 // processes can be made to choose differently (test_sequence.py's
-// reproducibility test).  An option "x 1 thread" is slowed with "x".
-double test_penalty(const std::string& name) {
+// reproducibility test), or of "option=us", which measures `us` instead, so
+// that a test can set the times a rule decides between.  An option
+// "x 1 thread" is slowed with "x".
+double test_time(const std::string& name, double us) {
   static const std::string slowed = [] {
     const char* env = std::getenv("LLTM_CPU_TEST_SLOW_ROUTES");
     return env == nullptr ? std::string() : "," + std::string(env) + ",";
   }();
-  const std::string route = name.substr(0, name.find(' '));
-  return slowed.find("," + route + ",") != std::string::npos ? 1000.0 : 1.0;
+  const std::string route = "," + name.substr(0, name.find(' '));
+  if (slowed.find(route + ",") != std::string::npos) {
+    return us * 1000.0;
+  }
+  const size_t given = slowed.find(route + "=");
+  return given == std::string::npos ? us : std::strtod(slowed.c_str() + given + route.size() + 1, nullptr);
 }
 
 }  // namespace
@@ -63,7 +69,7 @@ std::string quoted(const std::string& text) {
 
 int tuned_index(const std::string& key, const Record& what, const std::vector<const char*>& names,
                 const std::function<double(int)>& time_option, const char* single_source, int rounds,
-                double first_kept_within) {
+                const std::vector<double>& within) {
   LLTM_CHECK(!names.empty(), "lltm_cpu: nothing to choose from for ", key);
   const bool fixed = deterministic_algorithms();
   const std::string full_key = fixed ? key + " deterministic" : key;
@@ -78,13 +84,14 @@ int tuned_index(const std::string& key, const Record& what, const std::vector<co
     std::vector<double> fastest(names.size(), 0);
     for (int round = 0; round < rounds; ++round) {
       for (int index = 0; index < static_cast<int>(names.size()); ++index) {
-        const double us = time_option(index) * test_penalty(names[index]);
+        const double us = test_time(names[index], time_option(index));
         fastest[index] = round == 0 ? us : std::min(fastest[index], us);
       }
     }
+    const auto counted = [&](int index) { return within.empty() ? fastest[index] : fastest[index] / within[index]; };
     for (int index = 0; index < static_cast<int>(names.size()); ++index) {
       measured.emplace_back(names[index], fastest[index]);
-      if (fastest[index] < (best == 0 ? fastest[0] * first_kept_within : fastest[best])) {
+      if (counted(index) < counted(best)) {
         best = index;
       }
     }

@@ -42,15 +42,16 @@ constexpr int kCloseCallRounds = 3;
 // timed by `time_option(index)` -> us, with the tuning mutex held: `rounds`
 // times in turn, each option's fastest kept (so that a burst of noise on a
 // shared machine, which lasts longer than one timing, is less likely to land
-// on one option alone).  Another option displaces the first only by
-// measuring at most `first_kept_within` times its time (1: whichever is
-// faster).  A single option is recorded with `single_source`.  `what`: what
+// on one option alone).  Option i competes with its time divided by
+// `within[i]` (empty: all 1, whichever is fastest): an option with
+// within < 1 is chosen only by measuring at most that share of the others'
+// times.  A single option is recorded with `single_source`.  `what`: what
 // the choice is for, as the report gives it.  time_option must not tune
 // another key (the mutex is held).
 struct Record;
 int tuned_index(const std::string& key, const Record& what, const std::vector<const char*>& names,
                 const std::function<double(int)>& time_option, const char* single_source, int rounds = 1,
-                double first_kept_within = 1.0);
+                const std::vector<double>& within = {});
 
 // What lltm_cpu.gemm_routes() reports of a choice besides its outcome, as
 // fields that tests and benchmarks read (lltm_cpu/_library.py documents
