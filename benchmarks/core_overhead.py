@@ -172,9 +172,9 @@ def sequence_table(rounds: int) -> tuple[list[str], bool]:
         with torch.no_grad():
             _minimal_sequence_apply(backend, x, weights, bias, zeros, True)
 
-    # lltm-core's share is timed in rounds that hold only its two candidates: in rounds that also
-    # hold the floors, what runs just before a candidate moves it by about 1% (core_overhead.md, "the
-    # share in rounds of its own"), as much as the bar's margin.  That reading is kept as a row too.
+    # lltm-core's share is timed in rounds that hold only its two candidates, as the share is
+    # defined; in rounds that also hold the floors, what runs just before a candidate can move it
+    # by as much as the bar's margin (core_overhead.md).  That reading is kept as a row too.
     size = f"T{T} B{B} I{I} S{S}"
     share = per_round_times({"layer": layer_forward, "minimal": minimal_function_forward},
                             rounds, calls_for(layer_forward, 0.03))
