@@ -275,9 +275,13 @@ def test_bench_ctrl_c_prints_what_was_measured():
 
     # With stderr on a terminal, bench draws its progress bar there: "measuring <group>" says
     # the group has started, so Ctrl-C is sent once it is measuring, however slow the imports.
+    # Ctrl-C at a terminal: SIGINT as a shell's foreground job has it, even where this test runs in
+    # the background (a shell without job control starts those with SIGINT ignored, and children
+    # inherit that, so bench would rightly ignore it).
     controller, terminal = pty.openpty()
     proc = subprocess.Popen([sys.executable, "-m", "lltm_core", "bench", "--seconds", "60", "--no-compile",
-                             "--backend", "ref"], stdout=subprocess.PIPE, stderr=terminal, text=True)
+                             "--backend", "ref"], stdout=subprocess.PIPE, stderr=terminal, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     os.close(terminal)
     progress, deadline = b"", time.monotonic() + 120
     try:
