@@ -18,6 +18,7 @@
 #include <cstring>
 
 #include "gemm_f32.h"
+#include "l2_cache.h"
 
 namespace lltm_cpu {
 namespace gemm_f32 {
@@ -27,6 +28,9 @@ namespace {
 // is 32 KiB: there a 168-row slice missed L1 less often but ran the
 // as-stored GEMMs slower (benchmarks/results/cpu_sequence.md).
 constexpr int64_t kDepth = 256;
+// The next slice is not asked for ahead (gemm_f32_kernel.h): measured no gain here, and a
+// second 24 KiB slice does not fit beside the first in a 32 KiB L1.
+constexpr bool kAskAhead = false;
 
 // A block cut by the matrix's edge: its first `count` lanes.
 struct Masked {

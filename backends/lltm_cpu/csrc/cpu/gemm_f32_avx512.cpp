@@ -14,6 +14,7 @@
 #include <cstring>
 
 #include "gemm_f32.h"
+#include "l2_cache.h"
 
 namespace lltm_cpu {
 namespace gemm_f32 {
@@ -22,6 +23,9 @@ namespace {
 
 // Rows of B per slice: 3 blocks x 128 x 4 bytes = 24 KiB, as AVX2's slice.
 constexpr int64_t kDepth = 128;
+// The row tiles ask for the next slice ahead where B will not stay in L2 (gemm_f32_kernel.h):
+// the recurrent steps of large sizes run faster.
+constexpr bool kAskAhead = true;
 
 // A block cut by the matrix's edge: its first `count` lanes.
 struct Masked {

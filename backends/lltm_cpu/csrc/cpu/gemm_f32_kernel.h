@@ -2,17 +2,23 @@
 // every vector width: gemm_f32_avx2.cpp and gemm_f32_avx512.cpp each include
 // it inside the namespace whose entry points it defines (and whose kBlock,
 // kTileRows and kTileColumns it reads), after defining in an anonymous
-// namespace kDepth and a struct `Masked` (a partial vector's loads and
+// namespace kDepth, kAskAhead and a struct `Masked` (a partial vector's loads and
 // stores), and the macro LLTM_GEMM_F32_INTRINSIC(name), the width's
 // intrinsic `name` (_mm256_##name or _mm512_##name).  It includes nothing
-// itself: each includer has included <immintrin.h>, <cstdint> and <cstring>.
+// itself: each includer has included <immintrin.h>, <cstdint>, <cstring> and
+// l2_cache.h.
 //
 // B (k x n) is packed once per sequence into blocks of kBlock columns (one
 // vector), each holding its k rows one after another, the last block padded
 // with zeros.  A call runs over k in slices of kDepth rows, so that a
 // micro-tile's slice of B (kBlocks blocks) stays in the L1 cache while the
 // row tiles of a panel of A (kPanelRows rows, kept in L2) pass over it; a
-// micro-tile is kRows rows by kBlocks blocks of accumulators.  A
+// micro-tile is kRows rows by kBlocks blocks of accumulators.  Where the width
+// sets kAskAhead and B will not stay in L2 (the recurrent step's W_h at large
+// sizes), the i-th row tile over a slice asks for block i of the next slice, a
+// cache line an iteration, so that B arrives spread over the passes, not all at
+// the first one (benchmarks/results/cpu_sequence.md, "the next slice asked for
+// ahead").  A
 // transposed A (the weight gradients: A stored k x m, a row of it thousands of
 // bytes long) is first copied into a panel of its own, each row tile's kRows
 // values of a row of B next to each other: read in place, a tile's every step
@@ -36,6 +42,8 @@ constexpr int64_t kRows = kTileRows;
 constexpr int64_t kBlocks = kTileColumns / kBlock;
 constexpr int64_t kLanes = kBlock;
 constexpr int64_t kPanelRows = 96;  // rows of A per pass over B's column tiles, in L2
+constexpr int64_t kRowsPerLine = 64 / (kLanes * 4);  // rows of a packed block in a 64-byte cache line
+static_assert(kRowsPerLine >= 1, "a block's row is at most a cache line");
 
 // Plain helpers of this file's own (no std:: templates): an inline function
 // shared with another object could be linked in from a build for another ISA.
@@ -52,9 +60,10 @@ inline float widened(uint16_t bits) {
 // One micro-tile over a slice of `depth` rows of B: C rows [0, R) by column
 // blocks [0, NB), the last block `last_cols` wide.  A is m x k, stored k x m
 // where TransA.
+// `ahead`: a block of the next slice to ask for, or null.
 template <int64_t R, int64_t NB, bool TransA, typename A>
 void tile(int64_t depth, const A* a, int64_t lda, const float* packed, int64_t block_stride, bool accumulate,
-          float* c, int64_t ldc, int64_t last_cols) {
+          float* c, int64_t ldc, int64_t last_cols, const float* ahead) {
   typename Isa::Vec acc[R][NB];
   for (int64_t r = 0; r < R; ++r) {
     for (int64_t q = 0; q < NB; ++q) {
@@ -62,6 +71,9 @@ void tile(int64_t depth, const A* a, int64_t lda, const float* packed, int64_t b
     }
   }
   for (int64_t p = 0; p < depth; ++p) {
+    if (ahead != nullptr && p % kRowsPerLine == 0) {
+      _mm_prefetch(reinterpret_cast<const char*>(ahead + p * kLanes), _MM_HINT_T0);
+    }
     typename Isa::Vec b[NB];
     for (int64_t q = 0; q < NB; ++q) {
       b[q] = Isa::load(packed + q * block_stride + p * kLanes);
@@ -90,7 +102,8 @@ void tile(int64_t depth, const A* a, int64_t lda, const float* packed, int64_t b
 }
 
 template <typename A>
-using Tile = void (*)(int64_t, const A*, int64_t, const float*, int64_t, bool, float*, int64_t, int64_t);
+using Tile = void (*)(int64_t, const A*, int64_t, const float*, int64_t, bool, float*, int64_t, int64_t,
+                      const float*);
 
 template <int64_t R, int64_t NB, bool TransA, typename A>
 Tile<A> tile_for_blocks(int64_t blocks) {
@@ -178,6 +191,9 @@ void multiply_any(int64_t m, int64_t n, int64_t k, const A* a, int64_t lda, cons
                   float* c, int64_t ldc) {
   const int64_t block_stride = k * kLanes;
   const int64_t blocks = (n + kLanes - 1) / kLanes;
+  // B more than half the L2: with what else a step reads (the rows split's other slice of W_h, A, C,
+  // the gates) it is not there when the next step multiplies by it again.
+  const bool ask_ahead = kAskAhead && beyond_l2(2 * blocks * block_stride * static_cast<int64_t>(sizeof(float)));
   // A transposed A's panel, copied (on the calling thread's stack).
   alignas(64) float a_panel[TransA ? kPanelRows * kDepth : 1];
   for (int64_t first = 0; first < k; first += kDepth) {
@@ -192,15 +208,18 @@ void multiply_any(int64_t m, int64_t n, int64_t k, const A* a, int64_t lda, cons
         const int64_t tile_blocks = smaller(kBlocks, blocks - block);
         const int64_t last_cols = smaller(kLanes, n - (block + tile_blocks - 1) * kLanes);
         const float* slice = packed + block * block_stride + first * kLanes;
+        const int64_t next_blocks = smaller(kBlocks, blocks - block - kBlocks);  // <= 0 in the last tile
         for (int64_t row = panel; row < panel_end; row += kRows) {
           const int64_t rows = smaller(kRows, panel_end - row);
+          const int64_t pass = (row - panel) / kRows;
+          const float* ahead = ask_ahead && pass < next_blocks ? slice + (kBlocks + pass) * block_stride : nullptr;
           float* c_tile = c + row * ldc + block * kLanes;
           if constexpr (TransA) {
             tile_for<kRows, true, float>(rows, tile_blocks)(depth, a_panel + (row - panel) * depth, kRows, slice,
-                                                            block_stride, add, c_tile, ldc, last_cols);
+                                                            block_stride, add, c_tile, ldc, last_cols, ahead);
           } else {
             tile_for<kRows, false, A>(rows, tile_blocks)(depth, a + row * lda + first, lda, slice, block_stride,
-                                                         add, c_tile, ldc, last_cols);
+                                                         add, c_tile, ldc, last_cols, ahead);
           }
         }
       }

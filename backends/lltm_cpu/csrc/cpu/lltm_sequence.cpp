@@ -69,11 +69,10 @@
 #include <utility>
 #include <vector>
 
-#include <unistd.h>
-
 #include "blas.h"
 #include "block_operands.h"
 #include "kernel_common.h"
+#include "l2_cache.h"
 #include "partition.h"
 #include "partition_choice.h"
 #include "tuning.h"
@@ -160,18 +159,6 @@ bool all_zero(const scalar_t* data, int64_t count) {
     any |= bits;
   }
   return (any & static_cast<Bits>(std::numeric_limits<Bits>::max() >> 1)) == 0;  // the sign bit aside
-}
-
-// Whether a buffer of gates of `bytes` outgrows this CPU's L2 cache, so that
-// the passes find each step's rows beyond it and ask for them a row ahead
-// (pointwise_impl.h, prefetch_gates); false where the size is unknown.
-bool beyond_l2(int64_t bytes) {
-#ifdef _SC_LEVEL2_CACHE_SIZE
-  static const long l2_bytes = sysconf(_SC_LEVEL2_CACHE_SIZE);
-  return l2_bytes > 0 && bytes > l2_bytes;
-#else
-  return false;
-#endif
 }
 
 // A state back in `dtype`: itself where it already is (new memory either way).
