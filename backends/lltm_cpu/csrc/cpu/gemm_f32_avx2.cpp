@@ -18,7 +18,7 @@
 #include <cstring>
 
 #include "gemm_f32.h"
-#include "l2_cache.h"
+#include "cache_sizes.h"
 
 namespace lltm_cpu {
 namespace gemm_f32 {
@@ -28,8 +28,8 @@ namespace {
 // is 32 KiB: there a 168-row slice missed L1 less often but ran the
 // as-stored GEMMs slower (benchmarks/results/cpu_sequence.md).
 constexpr int64_t kDepth = 256;
-// The next slice is not asked for ahead (gemm_f32_kernel.h): measured no gain here, and a
-// second 24 KiB slice does not fit beside the first in a 32 KiB L1.
+// The next slice is not asked for ahead (gemm_f32_kernel.h): no gain measured where two slices
+// fit the L1 (benchmarks/results/cpu_sequence.md), and none tried on the AMD CPUs that run it.
 constexpr bool kAskAhead = false;
 
 // A block cut by the matrix's edge: its first `count` lanes.

@@ -14,7 +14,7 @@
 #include <cstring>
 
 #include "gemm_f32.h"
-#include "l2_cache.h"
+#include "cache_sizes.h"
 
 namespace lltm_cpu {
 namespace gemm_f32 {

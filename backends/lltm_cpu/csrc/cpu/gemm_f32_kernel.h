@@ -6,7 +6,7 @@
 // stores), and the macro LLTM_GEMM_F32_INTRINSIC(name), the width's
 // intrinsic `name` (_mm256_##name or _mm512_##name).  It includes nothing
 // itself: each includer has included <immintrin.h>, <cstdint>, <cstring> and
-// l2_cache.h.
+// cache_sizes.h.
 //
 // B (k x n) is packed once per sequence into blocks of kBlock columns (one
 // vector), each holding its k rows one after another, the last block padded
@@ -14,8 +14,8 @@
 // micro-tile's slice of B (kBlocks blocks) stays in the L1 cache while the
 // row tiles of a panel of A (kPanelRows rows, kept in L2) pass over it; a
 // micro-tile is kRows rows by kBlocks blocks of accumulators.  Where the width
-// sets kAskAhead and B will not stay in L2 (the recurrent step's W_h at large
-// sizes), the i-th row tile over a slice asks for block i of the next slice, a
+// sets kAskAhead, B will not stay in L2 (the recurrent step's W_h at large
+// sizes) and two slices fit the L1, the i-th row tile over a slice asks for block i of the next slice, a
 // cache line an iteration, so that B arrives spread over the passes, not all at
 // the first one (benchmarks/results/cpu_sequence.md, "the next slice asked for
 // ahead").  A
@@ -70,10 +70,7 @@ void tile(int64_t depth, const A* a, int64_t lda, const float* packed, int64_t b
       acc[r][q] = Isa::zero();
     }
   }
-  for (int64_t p = 0; p < depth; ++p) {
-    if (ahead != nullptr && p % kRowsPerLine == 0) {
-      _mm_prefetch(reinterpret_cast<const char*>(ahead + p * kLanes), _MM_HINT_T0);
-    }
+  const auto step = [&](int64_t p) {
     typename Isa::Vec b[NB];
     for (int64_t q = 0; q < NB; ++q) {
       b[q] = Isa::load(packed + q * block_stride + p * kLanes);
@@ -83,6 +80,18 @@ void tile(int64_t depth, const A* a, int64_t lda, const float* packed, int64_t b
       for (int64_t q = 0; q < NB; ++q) {
         acc[r][q] = Isa::fma(a_value, b[q], acc[r][q]);
       }
+    }
+  };
+  if (ahead == nullptr) {  // two loops, so that the usual one tests nothing an iteration
+    for (int64_t p = 0; p < depth; ++p) {
+      step(p);
+    }
+  } else {
+    for (int64_t p = 0; p < depth; ++p) {
+      if (p % kRowsPerLine == 0) {
+        _mm_prefetch(reinterpret_cast<const char*>(ahead + p * kLanes), _MM_HINT_T0);
+      }
+      step(p);
     }
   }
   for (int64_t q = 0; q < NB; ++q) {
@@ -192,8 +201,11 @@ void multiply_any(int64_t m, int64_t n, int64_t k, const A* a, int64_t lda, cons
   const int64_t block_stride = k * kLanes;
   const int64_t blocks = (n + kLanes - 1) / kLanes;
   // B more than half the L2: with what else a step reads (the rows split's other slice of W_h, A, C,
-  // the gates) it is not there when the next step multiplies by it again.
-  const bool ask_ahead = kAskAhead && beyond_l2(2 * blocks * block_stride * static_cast<int64_t>(sizeof(float)));
+  // the gates) it is not there when the next step multiplies by it again.  And the next slice must fit
+  // in L1 beside the current one, which a 32 KiB L1 does not hold.
+  constexpr int64_t kSliceBytes = kBlocks * kDepth * kLanes * static_cast<int64_t>(sizeof(float));
+  const bool ask_ahead = kAskAhead && beyond_l2(2 * blocks * block_stride * static_cast<int64_t>(sizeof(float))) &&
+                         fits_l1(2 * kSliceBytes);
   // A transposed A's panel, copied (on the calling thread's stack).
   alignas(64) float a_panel[TransA ? kPanelRows * kDepth : 1];
   for (int64_t first = 0; first < k; first += kDepth) {

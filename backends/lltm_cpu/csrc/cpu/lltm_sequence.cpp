@@ -72,7 +72,7 @@
 #include "blas.h"
 #include "block_operands.h"
 #include "kernel_common.h"
-#include "l2_cache.h"
+#include "cache_sizes.h"
 #include "partition.h"
 #include "partition_choice.h"
 #include "tuning.h"
