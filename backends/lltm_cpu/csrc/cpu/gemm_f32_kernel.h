@@ -2,8 +2,8 @@
 // every vector width: gemm_f32_avx2.cpp and gemm_f32_avx512.cpp each include
 // it inside the namespace whose entry points it defines (and whose kBlock,
 // kTileRows and kTileColumns it reads), after defining in an anonymous
-// namespace kDepth, kAskAhead and a struct `Masked` (a partial vector's loads and
-// stores), and the macro LLTM_GEMM_F32_INTRINSIC(name), the width's
+// namespace kDepth, kAskAhead and a struct `Masked` (a partial vector's loads
+// and stores), and the macro LLTM_GEMM_F32_INTRINSIC(name), the width's
 // intrinsic `name` (_mm256_##name or _mm512_##name).  It includes nothing
 // itself: each includer has included <immintrin.h>, <cstdint>, <cstring> and
 // cache_sizes.h.
@@ -15,10 +15,10 @@
 // row tiles of a panel of A (kPanelRows rows, kept in L2) pass over it; a
 // micro-tile is kRows rows by kBlocks blocks of accumulators.  Where the width
 // sets kAskAhead, B will not stay in L2 (the recurrent step's W_h at large
-// sizes) and two slices fit the L1, the i-th row tile over a slice asks for block i of the next slice, a
-// cache line an iteration, so that B arrives spread over the passes, not all at
-// the first one (benchmarks/results/cpu_sequence.md, "the next slice asked for
-// ahead").  A
+// sizes) and two slices fit the L1, the i-th row tile over a slice asks for
+// block i of the next slice, a cache line an iteration, so that B arrives
+// spread over the passes, not all at the first one
+// (benchmarks/results/cpu_sequence.md, "the next slice asked for ahead").  A
 // transposed A (the weight gradients: A stored k x m, a row of it thousands of
 // bytes long) is first copied into a panel of its own, each row tile's kRows
 // values of a row of B next to each other: read in place, a tile's every step
