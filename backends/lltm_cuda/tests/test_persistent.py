@@ -56,11 +56,12 @@ def _run(inputs, lengths, reverse):
     return got, grads
 
 
-def _matches_the_reference(dtype, label):
-    """S = 13 splits unevenly over any number of blocks up to 13 (8 blocks: five of two units, three
-    of one); lengths and reverse together take every branch of the kernels."""
-    inputs = make_sequence_inputs(5, 3, 4, 13, dtype=dtype)
-    lengths = torch.tensor([5, 2, 4])
+def _matches_the_reference(dtype, label, sizes=(5, 3, 4, 13)):
+    """T, B, I, S = sizes.  S = 13 splits unevenly over any number of blocks up to 13 (8 blocks: five
+    of two units, three of one); lengths and reverse together take every branch of the kernels."""
+    steps, batch = sizes[:2]
+    inputs = make_sequence_inputs(*sizes, dtype=dtype)
+    lengths = torch.tensor([5, 2, 4]) if sizes == (5, 3, 4, 13) else torch.randint(1, steps + 1, (batch,))
     for reverse in (False, True):
         got, grads = _run(inputs, lengths, reverse)
         wide = [t.detach().double().requires_grad_() for t in inputs]
@@ -83,6 +84,33 @@ def test_the_grid_path_matches_the_reference(grid, dtype):
     path, blocks, why = lltm_cuda_emulated.sequence_path(dtype, 3, 13)
     assert path == "grid" and blocks == min(13, emulation.settings()[0]), why
     _matches_the_reference(dtype, f"grid of {blocks}")
+
+
+# The cases a GPU's block of 256 threads cuts differently from the emulated GPU's 8-thread blocks
+# (kernel comment on Tiling): (path, cluster, T, B, I, S).  B16 S128 over 8 blocks (the benchmark's
+# shape) splits the forward's sums in four and the backward's in two; B64 S64 over one block gives a
+# thread several whole tiles; B5 S37 over 2 blocks, or the grid, splits with odd edges.
+_GPU_BLOCK_CASES = [("persistent", 8, 3, 16, 5, 128), ("persistent", 1, 3, 64, 3, 64), ("persistent", 2, 4, 5, 3, 37),
+                    ("grid", 0, 4, 5, 3, 37)]
+
+
+def test_at_a_gpus_block_size_the_tiles_match_the_reference():
+    """The persistent kernels' products at 256 threads a block, as on a GPU, in a child that reads
+    its own emulator settings: each case of _GPU_BLOCK_CASES, three dtypes, against the reference."""
+    script = (
+        "import os, sys, torch\n"
+        f"sys.path.insert(0, {os.path.dirname(__file__)!r})\n"
+        "import test_persistent as t\n"
+        "torch.manual_seed(int(sys.argv[1]))\n"
+        "for path, cluster, *sizes in t._GPU_BLOCK_CASES:\n"
+        "    os.environ.update(LLTM_CUDA_SEQUENCE=path, LLTM_CUDA_CLUSTER=str(cluster))\n"
+        "    for dtype in (torch.float32, torch.bfloat16, torch.float16):\n"
+        "        t._matches_the_reference(dtype, f'{path} {cluster} {sizes}', tuple(sizes))\n"
+        "print('matched', len(t._GPU_BLOCK_CASES) * 3)\n")
+    env = {**os.environ, "LLTM_CUDA_EMULATE_THREADS_PER_BLOCK": "256"}
+    run = subprocess.run([sys.executable, "-c", script, str(torch.initial_seed() % 2**31)], capture_output=True,
+                         text=True, env=env, timeout=600)
+    assert run.returncode == 0 and f"matched {len(_GPU_BLOCK_CASES) * 3}" in run.stdout, run.stdout + run.stderr
 
 
 @pytest.mark.parametrize("path", ["persistent", "grid"])

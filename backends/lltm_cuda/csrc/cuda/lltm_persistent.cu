@@ -21,8 +21,11 @@
 // grid barrier each block sums d_h for its own units over W_h's columns in a fixed order.  One
 // kernel a step on the critical path either way; whether it beats the per-step path there is a
 // GPU's to measure (benchmarks/persistent_vs_cudnn.py), and until then it runs only when forced.
-// Every product accumulates in float from the stored type (FFMA): float32 stays IEEE whatever
-// allow_tf32 says.  On a GPU without clusters (sm_80) a kernel compiled for it runs as a cluster
+// A step's products are register-tiled (a thread: kRows rows of the batch by a unit's three gates
+// forward, by kColumns columns of d_h backward) and read shared memory 16 bytes at a time, so that
+// they are bound by FFMA rather than by shared-memory loads (the per-step estimate, to be checked
+// on a GPU: benchmarks/results/h200.md, 2026-12-07).  Every product accumulates in float from the
+// stored type (FFMA): float32 stays IEEE whatever allow_tf32 says.  On a GPU without clusters (sm_80) a kernel compiled for it runs as a cluster
 // of one (see rt::cluster_sync).
 #include "lltm_persistent.cuh"
 
@@ -55,31 +58,78 @@ __host__ __device__ inline int64_t max_units(int64_t state_size, int64_t blocks)
 
 __host__ __device__ inline int64_t align16(int64_t bytes) { return (bytes + 15) / 16 * 16; }
 
-// The row stride of W_h's rows in shared memory, in elements: an odd number of 4-byte words, so that
-// the threads of a warp, each reading its own unit's row at the same column, hit 32 different banks.
-__host__ __device__ inline int64_t w_row_stride(int64_t state_size, int64_t element) {
-  int64_t words = (state_size * element + 3) / 4;
-  words += words % 2 == 0 ? 1 : 0;
-  return words * 4 / element;
+// The products read shared memory 16 bytes a thread at a time (kVectorBytes: 4 floats, 8 halves).
+// A row of W_h or of h is padded with zeros to whole 16-byte chunks, and rows are an odd number of
+// chunks apart, so that the threads of a quarter-warp, each reading its own row at the same
+// column, hit different banks.
+__host__ __device__ inline int64_t chunks_of(int64_t state_size, int64_t element) {
+  return (state_size * element + kVectorBytes - 1) / kVectorBytes;
+}
+
+__host__ __device__ inline int64_t row_stride(int64_t state_size, int64_t element) {
+  return (chunks_of(state_size, element) | 1) * (kVectorBytes / element);
 }
 
 __host__ __device__ inline int64_t w_bytes(int64_t state_size, int64_t blocks, int64_t element) {
-  return align16(3 * max_units(state_size, blocks) * w_row_stride(state_size, element) * element);
+  return align16(3 * max_units(state_size, blocks) * row_stride(state_size, element) * element);
 }
 
-// Shared memory a block needs: W_h's rows, then the forward's two h buffers (B, S) or the
-// backward's d_gates (B, 3, n) and two partial d_h buffers (B, S) in float.
-inline int64_t forward_shared_bytes(int64_t element, int64_t batch, int64_t state_size, int64_t blocks) {
-  return w_bytes(state_size, blocks, element) + 2 * batch * state_size * element;
+// How a block's threads share a step's product.  A thread's tile is kRows rows of the batch by one
+// column group (forward: a unit with its three gates; backward: kColumns columns of d_h), summed
+// over a slice of the reduction.  Where the tiles are fewer than the threads, the reduction is cut
+// into `splits` slices of at least kMinDepth steps; their partial sums meet in shared memory and
+// slice 0's thread adds them in slice order, so the result does not depend on timing.  A thread
+// then has one (tile, slice) at most.  The host sizes shared memory with the same function.
+constexpr int kRows = 4;
+constexpr int kColumns = 4;
+constexpr int64_t kMinDepth = 4;
+
+struct Tiling {
+  int64_t tiles, splits, depth;  // tiles; slices a tile; the reduction's length
+  __host__ __device__ int64_t begin(int64_t slice) const { return depth * slice / splits; }
+  // Floats of shared memory for the partial sums of slices 1.., `values` a tile.
+  __host__ __device__ int64_t partial_floats(int64_t values) const { return (splits - 1) * tiles * values; }
+};
+
+__host__ __device__ inline Tiling tiling(int64_t batch, int64_t column_groups, int64_t depth, int64_t threads) {
+  const int64_t tiles = (batch + kRows - 1) / kRows * column_groups;
+  int64_t splits = tiles >= threads ? 1 : threads / tiles;
+  const int64_t deepest = depth / kMinDepth > 1 ? depth / kMinDepth : 1;
+  return {tiles, splits < deepest ? splits : deepest, depth};
+}
+
+// The forward's: a unit's three gates by kRows rows, over the 16-byte chunks of h_{t-1}.
+__host__ __device__ inline Tiling forward_tiling(int64_t batch, int64_t state_size, int64_t blocks, int64_t element,
+                                                 int64_t threads) {
+  return tiling(batch, max_units(state_size, blocks), chunks_of(state_size, element), threads);
+}
+
+// The backward's: kRows rows by kColumns columns of the partial d_h, over the block's 3 n_max rows of W_h.
+__host__ __device__ inline Tiling backward_tiling(int64_t batch, int64_t state_size, int64_t blocks, int64_t threads) {
+  return tiling(batch, (state_size + kColumns - 1) / kColumns, 3 * max_units(state_size, blocks), threads);
+}
+
+// The backward's d_gates of the step in shared memory, (3 n_max, ldb) floats: column b a row of the
+// batch, so that a thread reads its kRows rows' values of one row of W_h in one access.
+__host__ __device__ inline int64_t d_gates_stride(int64_t batch) { return (batch + kRows - 1) / kRows * kRows; }
+
+// Shared memory a block needs.  Forward: W_h's rows, the two h buffers (B, ldh) (the cluster's
+// only: the grid's are in global memory), the split partial sums.  Backward: W_h's rows, d_gates
+// (3 n_max, ldb), two partial d_h buffers (B, S) in float, the split partial sums.
+inline int64_t forward_shared_bytes(int64_t element, int64_t batch, int64_t state_size, int64_t blocks, bool cluster) {
+  const Tiling t = forward_tiling(batch, state_size, blocks, element, rt::threads_per_block());
+  return w_bytes(state_size, blocks, element) + (cluster ? 2 * batch * row_stride(state_size, element) * element : 0) +
+         t.partial_floats(3 * kRows) * 4;
 }
 
 inline int64_t backward_shared_bytes(int64_t element, int64_t batch, int64_t state_size, int64_t blocks) {
-  return w_bytes(state_size, blocks, element) +
-         align16(batch * 3 * max_units(state_size, blocks) * 4) + 2 * batch * state_size * 4;
+  const Tiling t = backward_tiling(batch, state_size, blocks, rt::threads_per_block());
+  return w_bytes(state_size, blocks, element) + align16(3 * max_units(state_size, blocks) * d_gates_stride(batch) * 4) +
+         align16(2 * batch * state_size * 4) + t.partial_floats(kRows * kColumns) * 4;
 }
 
-// A block's rows of W_h in shared memory, w[3][n_max][ld] (ld = w_row_stride): gate g's row of
-// its unit u at row(g, u).
+// A block's rows of W_h in shared memory, w[3][n_max][ld] (ld = row_stride): gate g's row of its
+// unit u at row(g, u), the k-th of the 3 n_max at w + k ld.
 template <typename scalar_t>
 struct BlockRows {
   const scalar_t* w;
@@ -88,16 +138,19 @@ struct BlockRows {
 };
 
 // Copies the rows of W_h of `units` (the first S columns of weights, row stride ld) into the start
-// of the dynamic shared memory, laid out for `blocks` blocks; returns where they are.
+// of the dynamic shared memory, laid out for `blocks` blocks; the padding columns, and the rows of
+// units this block lacks (it has n_max - 1 where S does not split evenly), are zeros, which the
+// products may then run over.  Returns where they are.
 template <typename scalar_t>
 __device__ __forceinline__ BlockRows<scalar_t> load_w_h(const scalar_t* weights, int64_t ld, int64_t state_size,
                                                         Units units, unsigned blocks) {
   scalar_t* const w_s = rt::dynamic_shared<scalar_t>();
-  const BlockRows<scalar_t> rows{w_s, max_units(state_size, blocks), w_row_stride(state_size, sizeof(scalar_t))};
-  const int64_t total = 3 * units.count * state_size;
+  const BlockRows<scalar_t> rows{w_s, max_units(state_size, blocks), row_stride(state_size, sizeof(scalar_t))};
+  const int64_t total = 3 * rows.n_max * rows.ld;
   for (int64_t i = threadIdx.x; i < total; i += blockDim.x) {
-    const int64_t gate = i / (units.count * state_size), unit = i / state_size % units.count, k = i % state_size;
-    w_s[(gate * rows.n_max + unit) * rows.ld + k] = weights[(gate * state_size + units.first + unit) * ld + k];
+    const int64_t row = i / rows.ld, k = i % rows.ld, gate = row / rows.n_max, unit = row % rows.n_max;
+    w_s[i] = unit < units.count && k < state_size ? weights[(gate * state_size + units.first + unit) * ld + k]
+                                                  : scalar_t(0);
   }
   return rows;
 }
@@ -118,64 +171,81 @@ struct ForwardParams {
   int64_t batch, state_size;
 };
 
-// Unit j (the block's u-th) of row b at step t: its gates from the input projection and h_{t-1}
-// (`row`, the S values of row b), the cell, the step's outputs, and h itself after the launch's
-// last step; returns the unit's h_t (the state it had, for a row past its length).
+// acc[g][r] += the product of h_{t-1}'s row b0 + r (rows `ldh` apart; a row past the batch reads
+// its last, and its sums go unused) with the row of gate g of unit u of W_h, over chunks
+// [c_begin, c_end).
 template <typename scalar_t>
-__device__ __forceinline__ scalar_t forward_unit(const ForwardParams<scalar_t>& p, const BlockRows<scalar_t>& w,
-                                                 const scalar_t* row, int64_t b, int64_t u, int64_t j, int64_t t,
-                                                 bool last) {
+__device__ __forceinline__ void gate_sums(opmath_type<scalar_t> (&acc)[3][kRows], const BlockRows<scalar_t>& w,
+                                          int64_t u, const scalar_t* h, int64_t ldh, int64_t b0, int64_t batch,
+                                          int64_t c_begin, int64_t c_end) {
   using opmath_t = opmath_type<scalar_t>;
-  const int64_t S = p.state_size, BS = p.batch * S;
-  scalar_t* const g = p.gates + ((t - p.first_step) * p.batch + b) * 3 * S;
-  opmath_t pre_i = opmath_t(g[j]), pre_o = opmath_t(g[S + j]), pre_z = opmath_t(g[2 * S + j]);
+  constexpr int V = kVectorBytes / int(sizeof(scalar_t));
+  const scalar_t* rows[kRows];
+  for (int r = 0; r < kRows; ++r) {
+    rows[r] = h + (b0 + r < batch ? b0 + r : batch - 1) * ldh;
+  }
   const scalar_t *const w_i = w.row(0, u), *const w_o = w.row(1, u), *const w_z = w.row(2, u);
-  for (int64_t c = 0; c < S; ++c) {
-    const opmath_t hc = opmath_t(row[c]);
-    pre_i += hc * opmath_t(w_i[c]);
-    pre_o += hc * opmath_t(w_o[c]);
-    pre_z += hc * opmath_t(w_z[c]);
+  for (int64_t c = c_begin * V; c < c_end * V; c += V) {
+    const Vec<scalar_t, V> wi = load<V>(w_i + c), wo = load<V>(w_o + c), wz = load<V>(w_z + c);
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      const Vec<scalar_t, V> x = load<V>(rows[r] + c);
+#pragma unroll
+      for (int v = 0; v < V; ++v) {
+        const opmath_t hv = opmath_t(x.v[v]);
+        acc[0][r] += hv * opmath_t(wi.v[v]);
+        acc[1][r] += hv * opmath_t(wo.v[v]);
+        acc[2][r] += hv * opmath_t(wz.v[v]);
+      }
+    }
   }
-  if (p.store_gates) {  // the saved pre-activation gates, as the per-step path's GEMM leaves them
-    g[j] = scalar_t(pre_i);
-    g[S + j] = scalar_t(pre_o);
-    g[2 * S + j] = scalar_t(pre_z);
+}
+
+// A tile's input projection (bias folded in) and its rows' cells, loaded before its sums so that
+// the loads' latency hides behind them.
+template <typename opmath_t>
+struct TileInputs {
+  opmath_t pre[3][kRows], cell[kRows];
+};
+
+template <typename scalar_t>
+__device__ __forceinline__ TileInputs<opmath_type<scalar_t>> tile_inputs(const ForwardParams<scalar_t>& p, int64_t b0,
+                                                                          int64_t j, int64_t t) {
+  using opmath_t = opmath_type<scalar_t>;
+  const int64_t S = p.state_size;
+  TileInputs<opmath_t> in{};
+  for (int r = 0; r < kRows && b0 + r < p.batch; ++r) {
+    const scalar_t* const g = p.gates + ((t - p.first_step) * p.batch + b0 + r) * 3 * S;
+    in.pre[0][r] = opmath_t(g[j]);
+    in.pre[1][r] = opmath_t(g[S + j]);
+    in.pre[2][r] = opmath_t(g[2 * S + j]);
+    in.cell[r] = p.cell[(b0 + r) * S + j];
   }
-  const int64_t at = b * S + j;
-  scalar_t new_h = row[j], out = scalar_t(0), tanh_c = scalar_t(0);  // a row past its length keeps its state
-  if (takes_part(p.lengths, b, t)) {
-    const auto result = cell_forward<opmath_t>(pre_i, pre_o, pre_z, p.cell[at]);
-    p.cell[at] = result.cell;
-    new_h = out = scalar_t(result.h);
-    tanh_c = scalar_t(result.tanh_cell);
-  }
-  p.output[t * BS + at] = out;
-  if (p.tanh_cell != nullptr) {
-    p.tanh_cell[t * BS + at] = tanh_c;
-  }
-  if (last) {
-    p.h[at] = new_h;
-  }
-  return new_h;
+  return in;
 }
 
 // The blocks that share a time loop, and how they hand each other h.  A team gives rank() and
-// blocks(), sync() (the barrier a step ends with) and, over its two h buffers of (B, S): start(h)
-// (h_{k_begin-1} into buffer 0, before the first sync), buffer(i) (to read) and publish(i, at,
-// value) (element `at` of buffer i, for every block).
+// blocks(), sync() (the barrier a step ends with) and, over its two h buffers of (B, ldh), rows
+// padded with zeros: start(h) (h_{k_begin-1} into buffer 0, before the first sync), buffer(i) (to
+// read) and publish(i, at, value) (element `at` of buffer i, for every block).
 //
 // The cluster path: the blocks of one cluster, each holding the whole h in its shared memory after
 // W_h's rows; a block writes its units' h into every peer's buffer (distributed shared memory).
 template <typename scalar_t>
 struct ClusterTeam {
-  scalar_t* h_s;  // two (B, S) buffers in this block's shared memory
-  int64_t count;  // B * S
+  scalar_t* h_s;  // two (B, ldh) buffers in this block's shared memory
+  int64_t count;  // B * ldh
+  int64_t ldh, state_size;
   __device__ __forceinline__ unsigned rank() const { return rt::cluster_rank(); }
   __device__ __forceinline__ unsigned blocks() const { return rt::cluster_blocks(); }
   __device__ __forceinline__ void sync() const { rt::cluster_sync(); }
   __device__ __forceinline__ void start(const scalar_t* h, Units) const {
     for (int64_t i = threadIdx.x; i < count; i += blockDim.x) {
-      h_s[i] = h[i];
+      const int64_t b = i / ldh, c = i % ldh;
+      h_s[i] = c < state_size ? h[b * state_size + c] : scalar_t(0);
+      if (c >= state_size) {
+        h_s[count + i] = scalar_t(0);
+      }
     }
   }
   __device__ __forceinline__ const scalar_t* buffer(int i) const { return h_s + i * count; }
@@ -186,46 +256,125 @@ struct ClusterTeam {
   }
 };
 
-// The grid path: every block of a cooperative launch, h in two (B, S) buffers in global memory
-// (L2), each block writing its own units once; the grid barrier ends a step.
+// The grid path: every block of a cooperative launch, h in two (B, ldh) buffers in global memory
+// (L2), each block writing its own units once, block 0 the padding; the grid barrier ends a step.
 template <typename scalar_t>
 struct GridTeam {
-  scalar_t* exchange;  // two (B, S) buffers in global memory
-  int64_t count, state_size;
+  scalar_t* exchange;  // two (B, ldh) buffers in global memory
+  int64_t count;       // B * ldh
+  int64_t ldh, state_size;
   __device__ __forceinline__ unsigned rank() const { return blockIdx.x; }
   __device__ __forceinline__ unsigned blocks() const { return gridDim.x; }
   __device__ __forceinline__ void sync() const { rt::grid_sync(); }
   __device__ __forceinline__ void start(const scalar_t* h, Units units) const {
-    for (int64_t e = threadIdx.x; e < count / state_size * units.count; e += blockDim.x) {
-      const int64_t at = e / units.count * state_size + units.first + e % units.count;
-      exchange[at] = h[at];
+    const int64_t batch = count / ldh, padding = ldh - state_size;
+    for (int64_t e = threadIdx.x; e < batch * units.count; e += blockDim.x) {
+      const int64_t b = e / units.count, c = units.first + e % units.count;
+      exchange[b * ldh + c] = h[b * state_size + c];
+    }
+    for (int64_t e = threadIdx.x; blockIdx.x == 0 && e < 2 * batch * padding; e += blockDim.x) {
+      exchange[e / padding * ldh + state_size + e % padding] = scalar_t(0);
     }
   }
   __device__ __forceinline__ const scalar_t* buffer(int i) const { return exchange + i * count; }
   __device__ __forceinline__ void publish(int i, int64_t at, scalar_t value) const { exchange[i * count + at] = value; }
 };
 
+// The cells of a tile's rows at step t from their gates (input projection + acc), the step's
+// outputs, h itself after the launch's last step, and each row's h_t handed to the team's buffer
+// `next` (a row past its length keeps its state: h_{t-1}, read from `h`).
+template <typename scalar_t, typename Team>
+__device__ __forceinline__ void finish_tile(const ForwardParams<scalar_t>& p, const Team& team, int next,
+                                            const scalar_t* h, int64_t b0, int64_t j, int64_t t, bool last,
+                                            const TileInputs<opmath_type<scalar_t>>& in,
+                                            const opmath_type<scalar_t> (&acc)[3][kRows]) {
+  using opmath_t = opmath_type<scalar_t>;
+  const int64_t S = p.state_size, BS = p.batch * S;
+  for (int r = 0; r < kRows && b0 + r < p.batch; ++r) {
+    const int64_t b = b0 + r, at = b * S + j;
+    const opmath_t pre_i = in.pre[0][r] + acc[0][r], pre_o = in.pre[1][r] + acc[1][r], pre_z = in.pre[2][r] + acc[2][r];
+    if (p.store_gates) {  // the saved pre-activation gates, as the per-step path's GEMM leaves them
+      scalar_t* const g = p.gates + ((t - p.first_step) * p.batch + b) * 3 * S;
+      g[j] = scalar_t(pre_i);
+      g[S + j] = scalar_t(pre_o);
+      g[2 * S + j] = scalar_t(pre_z);
+    }
+    scalar_t new_h = h[b * team.ldh + j], out = scalar_t(0), tanh_c = scalar_t(0);
+    if (takes_part(p.lengths, b, t)) {
+      const auto result = cell_forward<opmath_t>(pre_i, pre_o, pre_z, in.cell[r]);
+      p.cell[at] = result.cell;
+      new_h = out = scalar_t(result.h);
+      tanh_c = scalar_t(result.tanh_cell);
+    }
+    p.output[t * BS + at] = out;
+    if (p.tanh_cell != nullptr) {
+      p.tanh_cell[t * BS + at] = tanh_c;
+    }
+    if (last) {
+      p.h[at] = new_h;
+    }
+    team.publish(next, b * team.ldh + j, new_h);
+  }
+}
+
 // The forward's time loop, steps k_begin..k_end-1, on either team: block `rank` computes its units
 // of every row each step from h_{t-1} and hands its slice of h_t to the others; one team barrier a
 // step.  h is double-buffered: a block writes the buffer the others read only the step after, and
-// the barrier orders the two.
+// the barrier orders the two.  `partials` holds the split sums (forward_tiling).
 template <typename scalar_t, typename Team>
-__device__ __forceinline__ void forward_loop(const ForwardParams<scalar_t>& p, const Team& team) {
+__device__ __forceinline__ void forward_loop(const ForwardParams<scalar_t>& p, const Team& team,
+                                             opmath_type<scalar_t>* partials) {
+  using opmath_t = opmath_type<scalar_t>;
   const Units units = units_of(p.state_size, team.rank(), team.blocks());
   const BlockRows<scalar_t> w = load_w_h(p.weights, p.ld, p.state_size, units, team.blocks());
   team.start(p.h, units);
   // Every block's W_h and h in place, and every block started, before any block writes another's buffer.
   team.sync();
-  const int64_t mine = p.batch * units.count;
+  const Tiling tiles = forward_tiling(p.batch, p.state_size, team.blocks(), sizeof(scalar_t), blockDim.x);
   for (int64_t k = p.k_begin; k < p.k_end; ++k) {
     const int64_t t = p.reverse ? p.steps - 1 - k : k;
     const int current = int((k - p.k_begin) & 1);
     const int next = 1 - current;  // double-buffered: others may still read `current` this step
-    for (int64_t e = threadIdx.x; e < mine; e += blockDim.x) {
-      const int64_t b = e / units.count, u = e % units.count, j = units.first + u;
-      const scalar_t new_h =
-          forward_unit(p, w, team.buffer(current) + b * p.state_size, b, u, j, t, k == p.k_end - 1);
-      team.publish(next, b * p.state_size + j, new_h);
+    const scalar_t* const h = team.buffer(current);
+    const bool last = k == p.k_end - 1;
+    if (tiles.splits == 1) {
+      for (int64_t tile = threadIdx.x; tile < tiles.tiles; tile += blockDim.x) {
+        const int64_t u = tile % w.n_max, b0 = tile / w.n_max * kRows;
+        if (u < units.count) {
+          const TileInputs<opmath_t> in = tile_inputs(p, b0, units.first + u, t);
+          opmath_t acc[3][kRows] = {};
+          gate_sums(acc, w, u, h, team.ldh, b0, p.batch, 0, tiles.depth);
+          finish_tile(p, team, next, h, b0, units.first + u, t, last, in, acc);
+        }
+      }
+    } else {  // one (tile, slice) a thread at most; partials[slice - 1][gate][row][tile]
+      const int64_t tile = threadIdx.x % tiles.tiles, slice = threadIdx.x / tiles.tiles;
+      const int64_t u = tile % w.n_max, b0 = tile / w.n_max * kRows;
+      const bool mine = slice < tiles.splits && u < units.count;
+      opmath_t acc[3][kRows] = {};
+      TileInputs<opmath_t> in{};
+      if (mine) {
+        if (slice == 0) {
+          in = tile_inputs(p, b0, units.first + u, t);
+        }
+        gate_sums(acc, w, u, h, team.ldh, b0, p.batch, tiles.begin(slice), tiles.begin(slice + 1));
+        for (int g = 0; slice > 0 && g < 3; ++g) {
+          for (int r = 0; r < kRows; ++r) {
+            partials[(((slice - 1) * 3 + g) * kRows + r) * tiles.tiles + tile] = acc[g][r];
+          }
+        }
+      }
+      rt::sync_threads();  // every slice's sums in shared memory before slice 0 adds them
+      if (mine && slice == 0) {
+        for (int64_t s = 1; s < tiles.splits; ++s) {
+          for (int g = 0; g < 3; ++g) {
+            for (int r = 0; r < kRows; ++r) {
+              acc[g][r] += partials[(((s - 1) * 3 + g) * kRows + r) * tiles.tiles + tile];
+            }
+          }
+        }
+        finish_tile(p, team, next, h, b0, units.first + u, t, last, in, acc);
+      }
     }
     // h_t complete in every block before any reads it; and no block leaves while others write to it.
     team.sync();
@@ -234,15 +383,20 @@ __device__ __forceinline__ void forward_loop(const ForwardParams<scalar_t>& p, c
 
 template <typename scalar_t>
 __global__ void persistent_forward_kernel(ForwardParams<scalar_t> p) {
-  const int64_t S = p.state_size;
-  const int64_t w_elements = w_bytes(S, rt::cluster_blocks(), sizeof(scalar_t)) / int64_t(sizeof(scalar_t));
-  scalar_t* const h_s = rt::dynamic_shared<scalar_t>() + w_elements;  // after W_h's rows
-  forward_loop(p, ClusterTeam<scalar_t>{h_s, p.batch * S});
+  const int64_t S = p.state_size, ldh = row_stride(S, sizeof(scalar_t));
+  // After W_h's rows: the two h buffers, then the split sums.
+  unsigned char* const bytes = rt::dynamic_shared<unsigned char>() + w_bytes(S, rt::cluster_blocks(), sizeof(scalar_t));
+  scalar_t* const h_s = reinterpret_cast<scalar_t*>(bytes);
+  auto* const partials = reinterpret_cast<opmath_type<scalar_t>*>(bytes + 2 * p.batch * ldh * int64_t(sizeof(scalar_t)));
+  forward_loop(p, ClusterTeam<scalar_t>{h_s, p.batch * ldh, ldh, S}, partials);
 }
 
 template <typename scalar_t>
 __global__ void persistent_grid_forward_kernel(ForwardParams<scalar_t> p, scalar_t* exchange) {
-  forward_loop(p, GridTeam<scalar_t>{exchange, p.batch * p.state_size, p.state_size});
+  const int64_t S = p.state_size, ldh = row_stride(S, sizeof(scalar_t));
+  auto* const partials = reinterpret_cast<opmath_type<scalar_t>*>(rt::dynamic_shared<unsigned char>() +
+                                                                   w_bytes(S, gridDim.x, sizeof(scalar_t)));
+  forward_loop(p, GridTeam<scalar_t>{exchange, p.batch * ldh, ldh, S}, partials);
 }
 
 // What a backward launch works on, on either path (see PersistentBackward).
@@ -297,6 +451,25 @@ __device__ __forceinline__ int64_t backward_step(int64_t steps, bool reverse, in
   return reverse ? k : steps - 1 - k;
 }
 
+// acc[r][v] += the product of the step's d_gates of row b0 + r (dg: (3 n_max, ldb), see
+// d_gates_stride) with W_h's rows [k_begin, k_end) of this block, at column c0 + v.
+template <typename scalar_t>
+__device__ __forceinline__ void input_grad_sums(float (&acc)[kRows][kColumns], const BlockRows<scalar_t>& w,
+                                                const float* dg, int64_t ldb, int64_t b0, int64_t c0, int64_t k_begin,
+                                                int64_t k_end) {
+  for (int64_t k = k_begin; k < k_end; ++k) {
+    const Vec<float, kRows> d = load<kRows>(dg + k * ldb + b0);
+    const Vec<scalar_t, kColumns> row = load<kColumns>(w.w + k * w.ld + c0);
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+#pragma unroll
+      for (int v = 0; v < kColumns; ++v) {
+        acc[r][v] += d.v[r] * float(row.v[v]);
+      }
+    }
+  }
+}
+
 // The cluster's backward: each block computes its units' d_gates, then its partial d_h = d_gates
 // W_h over its own rows (all S columns); after the cluster barrier each block sums the partials
 // for its units over the ranks in order 0..C-1, so the result does not depend on timing; the
@@ -304,13 +477,21 @@ __device__ __forceinline__ int64_t backward_step(int64_t steps, bool reverse, in
 template <typename scalar_t>
 __global__ void persistent_backward_kernel(BackwardParams<scalar_t> p) {
   using opmath_t = opmath_type<scalar_t>;
+  constexpr unsigned kMostBlocks = 16;  // a cluster's, non-portable
   const unsigned blocks = rt::cluster_blocks();
-  const int64_t S = p.state_size, BS = p.batch * S;
+  const int64_t S = p.state_size, BS = p.batch * S, ldb = d_gates_stride(p.batch);
   const Units units = units_of(S, rt::cluster_rank(), blocks);
   const BlockRows<scalar_t> w = load_w_h(p.weights, p.ld, S, units, blocks);
   auto* const bytes = rt::dynamic_shared<unsigned char>() + w_bytes(S, blocks, sizeof(scalar_t));  // after W_h's rows
-  float* const dg_s = reinterpret_cast<float*>(bytes);  // (B, 3, n_max): this block's d_gates of the step
-  float* const partial_s = reinterpret_cast<float*>(bytes + align16(p.batch * 3 * w.n_max * 4));  // 2 x (B, S)
+  float* const dg_s = reinterpret_cast<float*>(bytes);  // (3 n_max, ldb): this block's d_gates of the step
+  float* const partial_s = reinterpret_cast<float*>(bytes + align16(3 * w.n_max * ldb * 4));  // 2 x (B, S)
+  float* const sums_s = partial_s + align16(2 * BS * 4) / 4;  // the split sums, [slice - 1][row][column][tile]
+  // Rows of the batch past B and units past the block's count stay zero, as do their products.
+  for (int64_t i = threadIdx.x; i < 3 * w.n_max * ldb; i += blockDim.x) {
+    dg_s[i] = 0.f;
+  }
+  const Tiling tiles = backward_tiling(p.batch, S, blocks, blockDim.x);
+  const int64_t groups = (S + kColumns - 1) / kColumns;
   rt::cluster_sync();
   const int64_t mine = p.batch * units.count;
   for (int64_t k = 0; k < p.steps; ++k) {
@@ -320,27 +501,60 @@ __global__ void persistent_backward_kernel(BackwardParams<scalar_t> p) {
       const int64_t b = e / units.count, u = e % units.count;
       const UnitGrads<scalar_t> grads = backward_unit(p, b, units.first + u, t);
       for (int gate = 0; gate < 3; ++gate) {
-        dg_s[(b * 3 + gate) * w.n_max + u] = float(grads.d[gate]);
+        dg_s[(gate * w.n_max + u) * ldb + b] = float(grads.d[gate]);
       }
     }
     rt::sync_threads();  // every unit's d_gates in dg_s before the partial product reads them
-    for (int64_t o = threadIdx.x; o < BS; o += blockDim.x) {
-      const int64_t b = o / S, c = o % S;
-      float sum = 0.f;
-      for (int gate = 0; gate < 3; ++gate) {
-        for (int64_t u = 0; u < units.count; ++u) {
-          sum += dg_s[(b * 3 + gate) * w.n_max + u] * float(w.row(gate, u)[c]);
+    // A tile of the partial d_h: one (tile, slice) a thread where the rows of W_h are split, else
+    // every tile whole, a thread's tiles blockDim apart.
+    for (int64_t work = threadIdx.x; work < (tiles.splits == 1 ? tiles.tiles : int64_t(blockDim.x));
+         work += blockDim.x) {
+      const int64_t tile = work % tiles.tiles, slice = work / tiles.tiles;
+      const int64_t b0 = tile / groups * kRows, c0 = tile % groups * kColumns;
+      const bool active = slice < tiles.splits;
+      float acc[kRows][kColumns] = {};
+      if (active) {
+        input_grad_sums(acc, w, dg_s, ldb, b0, c0, tiles.begin(slice), tiles.begin(slice + 1));
+        for (int r = 0; slice > 0 && r < kRows; ++r) {
+          for (int v = 0; v < kColumns; ++v) {
+            sums_s[(((slice - 1) * kRows + r) * kColumns + v) * tiles.tiles + tile] = acc[r][v];
+          }
         }
       }
-      partial[o] = sum;
+      if (tiles.splits > 1) {
+        rt::sync_threads();  // every slice's sums in shared memory before slice 0 adds them
+      }
+      if (active && slice == 0) {
+        for (int64_t s = 1; s < tiles.splits; ++s) {
+          for (int r = 0; r < kRows; ++r) {
+            for (int v = 0; v < kColumns; ++v) {
+              acc[r][v] += sums_s[(((s - 1) * kRows + r) * kColumns + v) * tiles.tiles + tile];
+            }
+          }
+        }
+        for (int r = 0; r < kRows && b0 + r < p.batch; ++r) {
+          for (int v = 0; v < kColumns && c0 + v < S; ++v) {
+            partial[(b0 + r) * S + c0 + v] = acc[r][v];
+          }
+        }
+      }
     }
     rt::cluster_sync();  // every block's partial d_h complete before any block sums them
     for (int64_t e = threadIdx.x; e < mine; e += blockDim.x) {
       const int64_t b = e / units.count, j = units.first + e % units.count, at = b * S + j;
       // A row past its length keeps its gradient (its d_gates are zero); rank order fixes the sum.
+      // The peers' values are all asked for before any is added: their latencies overlap.
+      float from[kMostBlocks];
+#pragma unroll
+      for (unsigned peer = 0; peer < kMostBlocks; ++peer) {
+        from[peer] = peer < blocks ? rt::map_shared_rank(partial, peer)[at] : 0.f;
+      }
       opmath_t sum = takes_part(p.lengths, b, t) ? opmath_t(0) : p.grad_h[at];
-      for (unsigned peer = 0; peer < blocks; ++peer) {
-        sum += opmath_t(rt::map_shared_rank(partial, peer)[at]);
+#pragma unroll
+      for (unsigned peer = 0; peer < kMostBlocks; ++peer) {
+        if (peer < blocks) {
+          sum += opmath_t(from[peer]);
+        }
       }
       p.grad_h[at] = sum;
     }
@@ -402,7 +616,7 @@ int64_t element_size(ScalarType dtype) { return dtype == ScalarType::Float ? 4 :
 // The larger of the two kernels' needs: one plan serves the forward and the backward.
 int64_t shared_bytes(ScalarType dtype, int64_t batch, int64_t state_size, int64_t blocks) {
   const int64_t element = element_size(dtype);
-  return std::max(forward_shared_bytes(element, batch, state_size, blocks),
+  return std::max(forward_shared_bytes(element, batch, state_size, blocks, true),
                   backward_shared_bytes(element, batch, state_size, blocks));
 }
 
@@ -458,9 +672,9 @@ SequencePlan plan_grid(int device, ScalarType dtype, int64_t batch, int64_t stat
     return plan;
   }
   const int64_t blocks = std::min(state_size, limits.multiprocessors);
-  const int64_t bytes = w_bytes(state_size, blocks, element_size(dtype));
+  const int64_t bytes = forward_shared_bytes(element_size(dtype), batch, state_size, blocks, false);
   if (bytes > limits.shared_per_block) {
-    refuse("a block's rows of W_h need " + std::to_string(bytes) + " bytes of shared memory over " +
+    refuse("a block's rows of W_h need " + std::to_string(bytes) + " bytes of shared memory, with its partial sums, over " +
            std::to_string(blocks) + " blocks, over the device's " + std::to_string(limits.shared_per_block));
   }
   const int64_t capacity = grid_capacity(device, dtype, bytes);
@@ -561,13 +775,14 @@ void persistent_forward(const SequencePlan& plan, const PersistentForward& a) {
                                     lengths_ptr(a.lengths), a.steps, a.k_begin, a.k_end, a.first_step, a.reverse,
                                     a.store_gates, B, S};
     if (plan.grid) {
-      const Tensor exchange = ops::empty({2, B, S}, a.h.scalar_type(), a.h);  // h's two buffers
-      const size_t bytes = size_t(w_bytes(S, plan.blocks, sizeof(scalar_t)));
+      // h's two buffers, rows padded as in shared memory (the kernel writes the padding)
+      const Tensor exchange = ops::empty({2, B, row_stride(S, sizeof(scalar_t))}, a.h.scalar_type(), a.h);
+      const size_t bytes = size_t(forward_shared_bytes(sizeof(scalar_t), B, S, plan.blocks, false));
       rt::launch(persistent_grid_forward_kernel<scalar_t>,
                  rt::ClusterLaunch{"persistent_grid_forward_kernel", plan.blocks, rt::threads_per_block(), 1, bytes, true},
                  stream, p, exchange.mutable_data_ptr<scalar_t>());
     } else {
-      const size_t bytes = size_t(forward_shared_bytes(sizeof(scalar_t), B, S, plan.cluster));
+      const size_t bytes = size_t(forward_shared_bytes(sizeof(scalar_t), B, S, plan.cluster, true));
       rt::launch(persistent_forward_kernel<scalar_t>,
                  rt::ClusterLaunch{"persistent_forward_kernel", plan.cluster, rt::threads_per_block(), plan.cluster, bytes},
                  stream, p);
