@@ -106,6 +106,10 @@ DEFECTS = [
         ("persistent-missing-cluster-barrier",
          "    // h_t complete in every block before any reads it; and no block leaves while others write to it.\n"
          "    team.sync();\n", "", ("full-forward", "full-reverse", "lengths-reverse"), "output"),
+        # The backward's products split among threads (tiles fewer than threads, as at the kit's sizes).
+        ("persistent-split-sums-missing-barrier",
+         "        rt::sync_threads();  // every slice's sums in shared memory before slice 0 adds them\n", "",
+         ("full-forward", "lengths-reverse", "T1"), "grad_input"),
     ]),
     # The grid path's: without its barriers a block reads h or d_gates the others have not written.
     *(_race(*row, GRID) for row in [
