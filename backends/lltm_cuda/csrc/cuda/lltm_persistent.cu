@@ -89,6 +89,20 @@ struct Tiling {
   __host__ __device__ int64_t begin(int64_t slice) const { return depth * slice / splits; }
   // Floats of shared memory for the partial sums of slices 1.., `values` a tile.
   __host__ __device__ int64_t partial_floats(int64_t values) const { return (splits - 1) * tiles * values; }
+  // Slice `slice` (> 0) of `tile` leaves its `values` sums, sums[slice - 1][i][tile]; slice 0's
+  // thread adds them to its own after the block barrier, in slice order.
+  __device__ void leave(float* sums, int64_t tile, int64_t slice, const float* acc, int values) const {
+    for (int i = 0; i < values; ++i) {
+      sums[((slice - 1) * values + i) * tiles + tile] = acc[i];
+    }
+  }
+  __device__ void add(const float* sums, int64_t tile, float* acc, int values) const {
+    for (int64_t slice = 1; slice < splits; ++slice) {
+      for (int i = 0; i < values; ++i) {
+        acc[i] += sums[((slice - 1) * values + i) * tiles + tile];
+      }
+    }
+  }
 };
 
 __host__ __device__ inline Tiling tiling(int64_t batch, int64_t column_groups, int64_t depth, int64_t threads) {
@@ -322,8 +336,7 @@ __device__ __forceinline__ void finish_tile(const ForwardParams<scalar_t>& p, co
 // step.  h is double-buffered: a block writes the buffer the others read only the step after, and
 // the barrier orders the two.  `partials` holds the split sums (forward_tiling).
 template <typename scalar_t, typename Team>
-__device__ __forceinline__ void forward_loop(const ForwardParams<scalar_t>& p, const Team& team,
-                                             opmath_type<scalar_t>* partials) {
+__device__ __forceinline__ void forward_loop(const ForwardParams<scalar_t>& p, const Team& team, float* partials) {
   using opmath_t = opmath_type<scalar_t>;
   const Units units = units_of(p.state_size, team.rank(), team.blocks());
   const BlockRows<scalar_t> w = load_w_h(p.weights, p.ld, p.state_size, units, team.blocks());
@@ -347,7 +360,7 @@ __device__ __forceinline__ void forward_loop(const ForwardParams<scalar_t>& p, c
           finish_tile(p, team, next, h, b0, units.first + u, t, last, in, acc);
         }
       }
-    } else {  // one (tile, slice) a thread at most; partials[slice - 1][gate][row][tile]
+    } else {  // one (tile, slice) a thread at most
       const int64_t tile = threadIdx.x % tiles.tiles, slice = threadIdx.x / tiles.tiles;
       const int64_t u = tile % w.n_max, b0 = tile / w.n_max * kRows;
       const bool mine = slice < tiles.splits && u < units.count;
@@ -358,21 +371,13 @@ __device__ __forceinline__ void forward_loop(const ForwardParams<scalar_t>& p, c
           in = tile_inputs(p, b0, units.first + u, t);
         }
         gate_sums(acc, w, u, h, team.ldh, b0, p.batch, tiles.begin(slice), tiles.begin(slice + 1));
-        for (int g = 0; slice > 0 && g < 3; ++g) {
-          for (int r = 0; r < kRows; ++r) {
-            partials[(((slice - 1) * 3 + g) * kRows + r) * tiles.tiles + tile] = acc[g][r];
-          }
+        if (slice > 0) {
+          tiles.leave(partials, tile, slice, &acc[0][0], 3 * kRows);
         }
       }
       rt::sync_threads();  // every slice's sums in shared memory before slice 0 adds them
       if (mine && slice == 0) {
-        for (int64_t s = 1; s < tiles.splits; ++s) {
-          for (int g = 0; g < 3; ++g) {
-            for (int r = 0; r < kRows; ++r) {
-              acc[g][r] += partials[(((s - 1) * 3 + g) * kRows + r) * tiles.tiles + tile];
-            }
-          }
-        }
+        tiles.add(partials, tile, &acc[0][0], 3 * kRows);
         finish_tile(p, team, next, h, b0, units.first + u, t, last, in, acc);
       }
     }
@@ -387,14 +392,14 @@ __global__ void persistent_forward_kernel(ForwardParams<scalar_t> p) {
   // After W_h's rows: the two h buffers, then the split sums.
   unsigned char* const bytes = rt::dynamic_shared<unsigned char>() + w_bytes(S, rt::cluster_blocks(), sizeof(scalar_t));
   scalar_t* const h_s = reinterpret_cast<scalar_t*>(bytes);
-  auto* const partials = reinterpret_cast<opmath_type<scalar_t>*>(bytes + 2 * p.batch * ldh * int64_t(sizeof(scalar_t)));
+  float* const partials = reinterpret_cast<float*>(bytes + 2 * p.batch * ldh * int64_t(sizeof(scalar_t)));
   forward_loop(p, ClusterTeam<scalar_t>{h_s, p.batch * ldh, ldh, S}, partials);
 }
 
 template <typename scalar_t>
 __global__ void persistent_grid_forward_kernel(ForwardParams<scalar_t> p, scalar_t* exchange) {
   const int64_t S = p.state_size, ldh = row_stride(S, sizeof(scalar_t));
-  auto* const partials = reinterpret_cast<opmath_type<scalar_t>*>(rt::dynamic_shared<unsigned char>() +
+  float* const partials = reinterpret_cast<float*>(rt::dynamic_shared<unsigned char>() +
                                                                    w_bytes(S, gridDim.x, sizeof(scalar_t)));
   forward_loop(p, GridTeam<scalar_t>{exchange, p.batch * ldh, ldh, S}, partials);
 }
@@ -485,7 +490,7 @@ __global__ void persistent_backward_kernel(BackwardParams<scalar_t> p) {
   auto* const bytes = rt::dynamic_shared<unsigned char>() + w_bytes(S, blocks, sizeof(scalar_t));  // after W_h's rows
   float* const dg_s = reinterpret_cast<float*>(bytes);  // (3 n_max, ldb): this block's d_gates of the step
   float* const partial_s = reinterpret_cast<float*>(bytes + align16(3 * w.n_max * ldb * 4));  // 2 x (B, S)
-  float* const sums_s = partial_s + align16(2 * BS * 4) / 4;  // the split sums, [slice - 1][row][column][tile]
+  float* const sums_s = partial_s + align16(2 * BS * 4) / 4;  // the split sums (Tiling::leave)
   // Rows of the batch past B and units past the block's count stay zero, as do their products.
   for (int64_t i = threadIdx.x; i < 3 * w.n_max * ldb; i += blockDim.x) {
     dg_s[i] = 0.f;
@@ -515,23 +520,15 @@ __global__ void persistent_backward_kernel(BackwardParams<scalar_t> p) {
       float acc[kRows][kColumns] = {};
       if (active) {
         input_grad_sums(acc, w, dg_s, ldb, b0, c0, tiles.begin(slice), tiles.begin(slice + 1));
-        for (int r = 0; slice > 0 && r < kRows; ++r) {
-          for (int v = 0; v < kColumns; ++v) {
-            sums_s[(((slice - 1) * kRows + r) * kColumns + v) * tiles.tiles + tile] = acc[r][v];
-          }
+        if (slice > 0) {
+          tiles.leave(sums_s, tile, slice, &acc[0][0], kRows * kColumns);
         }
       }
       if (tiles.splits > 1) {
         rt::sync_threads();  // every slice's sums in shared memory before slice 0 adds them
       }
       if (active && slice == 0) {
-        for (int64_t s = 1; s < tiles.splits; ++s) {
-          for (int r = 0; r < kRows; ++r) {
-            for (int v = 0; v < kColumns; ++v) {
-              acc[r][v] += sums_s[(((s - 1) * kRows + r) * kColumns + v) * tiles.tiles + tile];
-            }
-          }
-        }
+        tiles.add(sums_s, tile, &acc[0][0], kRows * kColumns);
         for (int r = 0; r < kRows && b0 + r < p.batch; ++r) {
           for (int v = 0; v < kColumns && c0 + v < S; ++v) {
             partial[(b0 + r) * S + c0 + v] = acc[r][v];
