@@ -89,9 +89,11 @@ def test_the_grid_path_matches_the_reference(grid, dtype):
 # The cases a GPU's block of 256 threads cuts differently from the emulated GPU's 8-thread blocks
 # (kernel comment on Tiling): (path, cluster, T, B, I, S).  B16 S128 over 8 blocks (the benchmark's
 # shape) splits the forward's sums in four and the backward's in two; B64 S64 over one block gives a
-# thread several whole tiles; B5 S37 over 2 blocks, or the grid, splits with odd edges.
+# thread several whole tiles; B5 S37 over 2 blocks, or the grid, splits with odd edges.  On the
+# grid, the 16-bit types' tensor-core tiles go to the block's 8 warps: B40 S70 over 3 blocks is 3
+# row tiles by 5 column tiles forward (two groups), B150 S21 is 10 row tiles, more than the warps.
 _GPU_BLOCK_CASES = [("persistent", 8, 3, 16, 5, 128), ("persistent", 1, 3, 64, 3, 64), ("persistent", 2, 4, 5, 3, 37),
-                    ("grid", 0, 4, 5, 3, 37)]
+                    ("grid", 0, 4, 5, 3, 37), ("grid", 0, 3, 40, 3, 70), ("grid", 0, 2, 150, 3, 21)]
 
 
 def test_at_a_gpus_block_size_the_tiles_match_the_reference():

@@ -19,6 +19,7 @@
 #include <array>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <initializer_list>
 #include <map>
 #include <mutex>
@@ -307,7 +308,13 @@ inline Tensor empty(IntList sizes, ScalarType dtype, const Tensor& like) {
       static_cast<int64_t>(sizes.size()), sizes.data(), strides,
       torch::stable::detail::to<int32_t>(torch::stable::detail::from(dtype)), device_type,
       like.get_device_index(), &handle));
-  return Tensor(handle);
+  Tensor out(handle);
+#ifdef LLTM_CUDA_EMULATE
+  // As in shared memory, what a kernel reads before anything wrote it is NaN (0xFF bytes) in the
+  // emulation, not the zeros a fresh page happens to hold.
+  std::memset(out.data_ptr(), 0xFF, size_t(out.numel()) * out.element_size());
+#endif
+  return out;
 }
 
 // empty_like for a contiguous `t` (each caller's is checked or made so).

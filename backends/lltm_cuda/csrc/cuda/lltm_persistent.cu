@@ -21,12 +21,19 @@
 // grid barrier each block sums d_h for its own units over W_h's columns in a fixed order.  One
 // kernel a step on the critical path either way; whether it beats the per-step path there is a
 // GPU's to measure (benchmarks/persistent_vs_cudnn.py), and until then it runs only when forced.
-// A step's products are register-tiled (a thread: kRows rows of the batch by a unit's three gates
-// forward, by kColumns columns of d_h backward) and read shared memory 16 bytes at a time, so that
-// they are bound by FFMA rather than by shared-memory loads (the per-step estimate, to be checked
-// on a GPU: benchmarks/results/h200.md, 2026-12-07).  Every product accumulates in float from the
-// stored type (FFMA): float32 stays IEEE whatever allow_tf32 says.  On a GPU without clusters (sm_80) a kernel compiled for it runs as a cluster
-// of one (see rt::cluster_sync).
+// In bfloat16 and float16 the grid path's products run on the tensor cores (rt::mma, 16x16x16
+// warp tiles summed in float): forward, h_{t-1} from its buffer in global memory by the block's
+// rows of W_h; backward, the step's d_gates, handed over through two buffers in global memory as
+// h is, by its units' columns of W_h, kept in shared memory.  At T64 B256 S1024 the FFMA products
+// alone would take about 24 us a step on an H200, the tensor cores' a few (the estimate:
+// benchmarks/results/h200.md, 2026-12-07).
+// Elsewhere a step's products are register-tiled (a thread: kRows rows of the batch by a unit's
+// three gates forward, by kColumns columns of d_h backward) and read shared memory 16 bytes at a
+// time, so that they are bound by FFMA rather than by shared-memory loads (the per-step estimate,
+// to be checked on a GPU: benchmarks/results/h200.md, 2026-12-07).  Every product accumulates in
+// float from the stored type: float32 stays IEEE (FFMA) whatever allow_tf32 says.  On a GPU
+// without clusters (sm_80) a kernel compiled for it runs as a cluster of one (see
+// rt::cluster_sync).
 #include "lltm_persistent.cuh"
 
 #include <cstdlib>
@@ -56,7 +63,8 @@ __host__ __device__ inline int64_t max_units(int64_t state_size, int64_t blocks)
   return (state_size + blocks - 1) / blocks;
 }
 
-__host__ __device__ inline int64_t align16(int64_t bytes) { return (bytes + 15) / 16 * 16; }
+__host__ __device__ inline int64_t round_up(int64_t n, int64_t multiple) { return (n + multiple - 1) / multiple * multiple; }
+__host__ __device__ inline int64_t align16(int64_t bytes) { return round_up(bytes, 16); }
 
 // The products read shared memory 16 bytes a thread at a time (kVectorBytes: 4 floats, 8 halves).
 // A row of W_h or of h is padded with zeros to whole 16-byte chunks, and rows are an odd number of
@@ -125,7 +133,37 @@ __host__ __device__ inline Tiling backward_tiling(int64_t batch, int64_t state_s
 
 // The backward's d_gates of the step in shared memory, (3 n_max, ldb) floats: column b a row of the
 // batch, so that a thread reads its kRows rows' values of one row of W_h in one access.
-__host__ __device__ inline int64_t d_gates_stride(int64_t batch) { return (batch + kRows - 1) / kRows * kRows; }
+__host__ __device__ inline int64_t d_gates_stride(int64_t batch) { return round_up(batch, kRows); }
+
+// The grid path's products in the 16-bit types run on the tensor cores (rt::mma), over operands
+// padded with zeros to whole tiles: the batch rounded up to a tile, and rows (of h, of W_h, of the
+// backward's d_gates) mma_stride elements apart: whole tiles and half a tile more, an odd number
+// of 16-byte chunks, as row_stride's are.  float32 keeps FFMA there: it stays IEEE.
+using rt::kMmaTile;
+template <typename scalar_t>
+constexpr bool kTensorCores = sizeof(scalar_t) == 2;
+constexpr int kMmaGroup = 4;  // a warp's column tiles at once, each with its sums in registers
+constexpr int kMmaAhead = 8;  // the tiles of the left operand a warp loads before it multiplies
+
+__host__ __device__ inline int64_t mma_stride(int64_t length) { return round_up(length, kMmaTile) + kMmaTile / 2; }
+
+// Forward: its rows of W_h (three gates of n_max units, rounded up to a tile), then the step's sums
+// (B rounded up, by those rows) in float.  Backward: its units' columns of W_h (rounded up to a
+// tile, each of 3S), then the step's sums of d_h (B rounded up, by those columns).
+__host__ __device__ inline int64_t forward_mma_rows(int64_t state_size, int64_t blocks) {
+  return round_up(3 * max_units(state_size, blocks), kMmaTile);
+}
+__host__ __device__ inline int64_t backward_mma_columns(int64_t state_size, int64_t blocks) {
+  return round_up(max_units(state_size, blocks), kMmaTile);
+}
+inline int64_t forward_mma_shared_bytes(int64_t batch, int64_t state_size, int64_t blocks) {
+  const int64_t rows = forward_mma_rows(state_size, blocks);
+  return rows * mma_stride(state_size) * 2 + round_up(batch, kMmaTile) * rows * 4;
+}
+inline int64_t backward_mma_shared_bytes(int64_t batch, int64_t state_size, int64_t blocks) {
+  const int64_t columns = backward_mma_columns(state_size, blocks);
+  return columns * mma_stride(3 * state_size) * 2 + round_up(batch, kMmaTile) * columns * 4;
+}
 
 // Shared memory a block needs.  Forward: W_h's rows, the two h buffers (B, ldh) (the cluster's
 // only: the grid's are in global memory), the split partial sums.  Backward: W_h's rows, d_gates
@@ -152,21 +190,30 @@ struct BlockRows {
 };
 
 // Copies the rows of W_h of `units` (the first S columns of weights, row stride ld) into the start
-// of the dynamic shared memory, laid out for `blocks` blocks; the padding columns, and the rows of
-// units this block lacks (it has n_max - 1 where S does not split evenly), are zeros, which the
-// products may then run over.  Returns where they are.
+// of the dynamic shared memory, laid out for `blocks` blocks, `padded_rows` rows `ld_s` apart; the
+// padding columns and rows, and the rows of units this block lacks (it has n_max - 1 where S does
+// not split evenly), are zeros, which the products may then run over.  Returns where they are.
+// The FFMA products take them row_stride apart, 3 n_max rows; the tensor cores, mma_stride apart,
+// forward_mma_rows.
+template <typename scalar_t>
+__device__ __forceinline__ BlockRows<scalar_t> load_w_h(const scalar_t* weights, int64_t ld, int64_t state_size,
+                                                        Units units, unsigned blocks, int64_t ld_s, int64_t padded_rows) {
+  scalar_t* const w_s = rt::dynamic_shared<scalar_t>();
+  const BlockRows<scalar_t> rows{w_s, max_units(state_size, blocks), ld_s};
+  for (int64_t i = threadIdx.x; i < padded_rows * ld_s; i += blockDim.x) {
+    const int64_t row = i / ld_s, k = i % ld_s, gate = row / rows.n_max, unit = row % rows.n_max;
+    w_s[i] = gate < 3 && unit < units.count && k < state_size
+                 ? weights[(gate * state_size + units.first + unit) * ld + k]
+                 : scalar_t(0);
+  }
+  return rows;
+}
+
 template <typename scalar_t>
 __device__ __forceinline__ BlockRows<scalar_t> load_w_h(const scalar_t* weights, int64_t ld, int64_t state_size,
                                                         Units units, unsigned blocks) {
-  scalar_t* const w_s = rt::dynamic_shared<scalar_t>();
-  const BlockRows<scalar_t> rows{w_s, max_units(state_size, blocks), row_stride(state_size, sizeof(scalar_t))};
-  const int64_t total = 3 * rows.n_max * rows.ld;
-  for (int64_t i = threadIdx.x; i < total; i += blockDim.x) {
-    const int64_t row = i / rows.ld, k = i % rows.ld, gate = row / rows.n_max, unit = row % rows.n_max;
-    w_s[i] = unit < units.count && k < state_size ? weights[(gate * state_size + units.first + unit) * ld + k]
-                                                  : scalar_t(0);
-  }
-  return rows;
+  return load_w_h(weights, ld, state_size, units, blocks, row_stride(state_size, sizeof(scalar_t)),
+                  3 * max_units(state_size, blocks));
 }
 
 // What a forward launch works on, on either path (see PersistentForward).
@@ -270,120 +317,155 @@ struct ClusterTeam {
   }
 };
 
-// The grid path: every block of a cooperative launch, h in two (B, ldh) buffers in global memory
-// (L2), each block writing its own units once, block 0 the padding; the grid barrier ends a step.
+// The padding of the grid path's two exchange buffers in global memory, (rows, ld) each, of which
+// the first `batch` rows hold `length` values: the columns past `length`, and the rows past the
+// batch that the tensor cores' tiles add.  Block 0 writes the zeros.
+template <typename scalar_t>
+__device__ __forceinline__ void zero_padding(scalar_t* buffers, int64_t batch, int64_t rows, int64_t ld, int64_t length) {
+  const int64_t count = rows * ld, padding = ld - length, tail = count - batch * ld;
+  for (int64_t e = threadIdx.x; blockIdx.x == 0 && e < 2 * batch * padding; e += blockDim.x) {
+    buffers[e / (batch * padding) * count + e % (batch * padding) / padding * ld + length + e % padding] = scalar_t(0);
+  }
+  for (int64_t e = threadIdx.x; blockIdx.x == 0 && e < 2 * tail; e += blockDim.x) {
+    buffers[e / tail * count + batch * ld + e % tail] = scalar_t(0);
+  }
+}
+
+// The grid path: every block of a cooperative launch, h in two (rows, ldh) buffers in global
+// memory (L2), each block writing its own units once, block 0 the padding (the columns past S, and
+// the rows past the batch that the tensor cores' tiles add); the grid barrier ends a step.
 template <typename scalar_t>
 struct GridTeam {
-  scalar_t* exchange;  // two (B, ldh) buffers in global memory
-  int64_t count;       // B * ldh
-  int64_t ldh, state_size;
+  scalar_t* exchange;  // two (rows, ldh) buffers in global memory
+  int64_t count;       // rows * ldh
+  int64_t ldh, state_size, batch;
   __device__ __forceinline__ unsigned rank() const { return blockIdx.x; }
   __device__ __forceinline__ unsigned blocks() const { return gridDim.x; }
   __device__ __forceinline__ void sync() const { rt::grid_sync(); }
   __device__ __forceinline__ void start(const scalar_t* h, Units units) const {
-    const int64_t batch = count / ldh, padding = ldh - state_size;
     for (int64_t e = threadIdx.x; e < batch * units.count; e += blockDim.x) {
       const int64_t b = e / units.count, c = units.first + e % units.count;
       exchange[b * ldh + c] = h[b * state_size + c];
     }
-    for (int64_t e = threadIdx.x; blockIdx.x == 0 && e < 2 * batch * padding; e += blockDim.x) {
-      exchange[e / padding * ldh + state_size + e % padding] = scalar_t(0);
-    }
+    zero_padding(exchange, batch, count / ldh, ldh, state_size);
   }
   __device__ __forceinline__ const scalar_t* buffer(int i) const { return exchange + i * count; }
   __device__ __forceinline__ void publish(int i, int64_t at, scalar_t value) const { exchange[i * count + at] = value; }
 };
 
-// The cells of a tile's rows at step t from their gates (input projection + acc), the step's
-// outputs, h itself after the launch's last step, and each row's h_t handed to the team's buffer
-// `next` (a row past its length keeps its state: h_{t-1}, read from `h`).
+// Unit j of row b at step t from its gates (pre: input projection + product), the step's outputs,
+// h itself after the launch's last step, and h_t handed to the team's buffer `next` (a row past
+// its length keeps its state: h_{t-1}, read from `h`).
+template <typename scalar_t, typename Team>
+__device__ __forceinline__ void finish_unit(const ForwardParams<scalar_t>& p, const Team& team, int next,
+                                            const scalar_t* h, int64_t b, int64_t j, int64_t t, bool last,
+                                            opmath_type<scalar_t> pre_i, opmath_type<scalar_t> pre_o,
+                                            opmath_type<scalar_t> pre_z, opmath_type<scalar_t> cell) {
+  using opmath_t = opmath_type<scalar_t>;
+  const int64_t S = p.state_size, BS = p.batch * S, at = b * S + j;
+  if (p.store_gates) {  // the saved pre-activation gates, as the per-step path's GEMM leaves them
+    scalar_t* const g = p.gates + ((t - p.first_step) * p.batch + b) * 3 * S;
+    g[j] = scalar_t(pre_i);
+    g[S + j] = scalar_t(pre_o);
+    g[2 * S + j] = scalar_t(pre_z);
+  }
+  scalar_t new_h = h[b * team.ldh + j], out = scalar_t(0), tanh_c = scalar_t(0);
+  if (takes_part(p.lengths, b, t)) {
+    const auto result = cell_forward<opmath_t>(pre_i, pre_o, pre_z, cell);
+    p.cell[at] = result.cell;
+    new_h = out = scalar_t(result.h);
+    tanh_c = scalar_t(result.tanh_cell);
+  }
+  p.output[t * BS + at] = out;
+  if (p.tanh_cell != nullptr) {
+    p.tanh_cell[t * BS + at] = tanh_c;
+  }
+  if (last) {
+    p.h[at] = new_h;
+  }
+  team.publish(next, b * team.ldh + j, new_h);
+}
+
+// finish_unit for each row of a tile.
 template <typename scalar_t, typename Team>
 __device__ __forceinline__ void finish_tile(const ForwardParams<scalar_t>& p, const Team& team, int next,
                                             const scalar_t* h, int64_t b0, int64_t j, int64_t t, bool last,
                                             const TileInputs<opmath_type<scalar_t>>& in,
                                             const opmath_type<scalar_t> (&acc)[3][kRows]) {
-  using opmath_t = opmath_type<scalar_t>;
-  const int64_t S = p.state_size, BS = p.batch * S;
   for (int r = 0; r < kRows && b0 + r < p.batch; ++r) {
-    const int64_t b = b0 + r, at = b * S + j;
-    const opmath_t pre_i = in.pre[0][r] + acc[0][r], pre_o = in.pre[1][r] + acc[1][r], pre_z = in.pre[2][r] + acc[2][r];
-    if (p.store_gates) {  // the saved pre-activation gates, as the per-step path's GEMM leaves them
-      scalar_t* const g = p.gates + ((t - p.first_step) * p.batch + b) * 3 * S;
-      g[j] = scalar_t(pre_i);
-      g[S + j] = scalar_t(pre_o);
-      g[2 * S + j] = scalar_t(pre_z);
-    }
-    scalar_t new_h = h[b * team.ldh + j], out = scalar_t(0), tanh_c = scalar_t(0);
-    if (takes_part(p.lengths, b, t)) {
-      const auto result = cell_forward<opmath_t>(pre_i, pre_o, pre_z, in.cell[r]);
-      p.cell[at] = result.cell;
-      new_h = out = scalar_t(result.h);
-      tanh_c = scalar_t(result.tanh_cell);
-    }
-    p.output[t * BS + at] = out;
-    if (p.tanh_cell != nullptr) {
-      p.tanh_cell[t * BS + at] = tanh_c;
-    }
-    if (last) {
-      p.h[at] = new_h;
-    }
-    team.publish(next, b * team.ldh + j, new_h);
+    finish_unit(p, team, next, h, b0 + r, j, t, last, in.pre[0][r] + acc[0][r], in.pre[1][r] + acc[1][r],
+                in.pre[2][r] + acc[2][r], in.cell[r]);
   }
 }
 
 // The forward's time loop, steps k_begin..k_end-1, on either team: block `rank` computes its units
-// of every row each step from h_{t-1} and hands its slice of h_t to the others; one team barrier a
-// step.  h is double-buffered: a block writes the buffer the others read only the step after, and
-// the barrier orders the two.  `partials` holds the split sums (forward_tiling).
-template <typename scalar_t, typename Team>
-__device__ __forceinline__ void forward_loop(const ForwardParams<scalar_t>& p, const Team& team, float* partials) {
-  using opmath_t = opmath_type<scalar_t>;
-  const Units units = units_of(p.state_size, team.rank(), team.blocks());
-  const BlockRows<scalar_t> w = load_w_h(p.weights, p.ld, p.state_size, units, team.blocks());
+// of every row each step from h_{t-1} (step(t, h, next, last): the product and the cells) and
+// hands its slice of h_t to the others; one team barrier a step.  h is double-buffered: a block
+// writes the buffer the others read only the step after, and the barrier orders the two.
+template <typename scalar_t, typename Team, typename Step>
+__device__ __forceinline__ void forward_loop(const ForwardParams<scalar_t>& p, const Team& team, Units units,
+                                             Step&& step) {
   team.start(p.h, units);
   // Every block's W_h and h in place, and every block started, before any block writes another's buffer.
   team.sync();
-  const Tiling tiles = forward_tiling(p.batch, p.state_size, team.blocks(), sizeof(scalar_t), blockDim.x);
   for (int64_t k = p.k_begin; k < p.k_end; ++k) {
     const int64_t t = p.reverse ? p.steps - 1 - k : k;
     const int current = int((k - p.k_begin) & 1);
     const int next = 1 - current;  // double-buffered: others may still read `current` this step
-    const scalar_t* const h = team.buffer(current);
-    const bool last = k == p.k_end - 1;
-    if (tiles.splits == 1) {
-      for (int64_t tile = threadIdx.x; tile < tiles.tiles; tile += blockDim.x) {
-        const int64_t u = tile % w.n_max, b0 = tile / w.n_max * kRows;
-        if (u < units.count) {
-          const TileInputs<opmath_t> in = tile_inputs(p, b0, units.first + u, t);
-          opmath_t acc[3][kRows] = {};
-          gate_sums(acc, w, u, h, team.ldh, b0, p.batch, 0, tiles.depth);
-          finish_tile(p, team, next, h, b0, units.first + u, t, last, in, acc);
-        }
-      }
-    } else {  // one (tile, slice) a thread at most
-      const int64_t tile = threadIdx.x % tiles.tiles, slice = threadIdx.x / tiles.tiles;
-      const int64_t u = tile % w.n_max, b0 = tile / w.n_max * kRows;
-      const bool mine = slice < tiles.splits && u < units.count;
-      opmath_t acc[3][kRows] = {};
-      TileInputs<opmath_t> in{};
-      if (mine) {
-        if (slice == 0) {
-          in = tile_inputs(p, b0, units.first + u, t);
-        }
-        gate_sums(acc, w, u, h, team.ldh, b0, p.batch, tiles.begin(slice), tiles.begin(slice + 1));
-        if (slice > 0) {
-          tiles.leave(partials, tile, slice, &acc[0][0], 3 * kRows);
-        }
-      }
-      rt::sync_threads();  // every slice's sums in shared memory before slice 0 adds them
-      if (mine && slice == 0) {
-        tiles.add(partials, tile, &acc[0][0], 3 * kRows);
-        finish_tile(p, team, next, h, b0, units.first + u, t, last, in, acc);
-      }
-    }
+    step(t, team.buffer(current), next, k == p.k_end - 1);
     // h_t complete in every block before any reads it; and no block leaves while others write to it.
     team.sync();
   }
+}
+
+// A forward step's product on FFMA, register-tiled (forward_tiling); `partials` holds the split sums.
+template <typename scalar_t, typename Team>
+__device__ __forceinline__ void ffma_forward_step(const ForwardParams<scalar_t>& p, const Team& team,
+                                                  const BlockRows<scalar_t>& w, Units units, const Tiling& tiles,
+                                                  float* partials, int64_t t, const scalar_t* h, int next, bool last) {
+  using opmath_t = opmath_type<scalar_t>;
+  if (tiles.splits == 1) {
+    for (int64_t tile = threadIdx.x; tile < tiles.tiles; tile += blockDim.x) {
+      const int64_t u = tile % w.n_max, b0 = tile / w.n_max * kRows;
+      if (u < units.count) {
+        const TileInputs<opmath_t> in = tile_inputs(p, b0, units.first + u, t);
+        opmath_t acc[3][kRows] = {};
+        gate_sums(acc, w, u, h, team.ldh, b0, p.batch, 0, tiles.depth);
+        finish_tile(p, team, next, h, b0, units.first + u, t, last, in, acc);
+      }
+    }
+  } else {  // one (tile, slice) a thread at most
+    const int64_t tile = threadIdx.x % tiles.tiles, slice = threadIdx.x / tiles.tiles;
+    const int64_t u = tile % w.n_max, b0 = tile / w.n_max * kRows;
+    const bool mine = slice < tiles.splits && u < units.count;
+    opmath_t acc[3][kRows] = {};
+    TileInputs<opmath_t> in{};
+    if (mine) {
+      if (slice == 0) {
+        in = tile_inputs(p, b0, units.first + u, t);
+      }
+      gate_sums(acc, w, u, h, team.ldh, b0, p.batch, tiles.begin(slice), tiles.begin(slice + 1));
+      if (slice > 0) {
+        tiles.leave(partials, tile, slice, &acc[0][0], 3 * kRows);
+      }
+    }
+    rt::sync_threads();  // every slice's sums in shared memory before slice 0 adds them
+    if (mine && slice == 0) {
+      tiles.add(partials, tile, &acc[0][0], 3 * kRows);
+      finish_tile(p, team, next, h, b0, units.first + u, t, last, in, acc);
+    }
+  }
+}
+
+// The FFMA forward on either team: W_h's rows (load_w_h), then the loop.
+template <typename scalar_t, typename Team>
+__device__ __forceinline__ void ffma_forward(const ForwardParams<scalar_t>& p, const Team& team, float* partials) {
+  const Units units = units_of(p.state_size, team.rank(), team.blocks());
+  const BlockRows<scalar_t> w = load_w_h(p.weights, p.ld, p.state_size, units, team.blocks());
+  const Tiling tiles = forward_tiling(p.batch, p.state_size, team.blocks(), sizeof(scalar_t), blockDim.x);
+  forward_loop(p, team, units, [&](int64_t t, const scalar_t* h, int next, bool last) {
+    ffma_forward_step(p, team, w, units, tiles, partials, t, h, next, last);
+  });
 }
 
 template <typename scalar_t>
@@ -393,7 +475,7 @@ __global__ void persistent_forward_kernel(ForwardParams<scalar_t> p) {
   unsigned char* const bytes = rt::dynamic_shared<unsigned char>() + w_bytes(S, rt::cluster_blocks(), sizeof(scalar_t));
   scalar_t* const h_s = reinterpret_cast<scalar_t*>(bytes);
   float* const partials = reinterpret_cast<float*>(bytes + 2 * p.batch * ldh * int64_t(sizeof(scalar_t)));
-  forward_loop(p, ClusterTeam<scalar_t>{h_s, p.batch * ldh, ldh, S}, partials);
+  ffma_forward(p, ClusterTeam<scalar_t>{h_s, p.batch * ldh, ldh, S}, partials);
 }
 
 template <typename scalar_t>
@@ -401,7 +483,85 @@ __global__ void persistent_grid_forward_kernel(ForwardParams<scalar_t> p, scalar
   const int64_t S = p.state_size, ldh = row_stride(S, sizeof(scalar_t));
   float* const partials = reinterpret_cast<float*>(rt::dynamic_shared<unsigned char>() +
                                                                    w_bytes(S, gridDim.x, sizeof(scalar_t)));
-  forward_loop(p, GridTeam<scalar_t>{exchange, p.batch * ldh, ldh, S}, partials);
+  ffma_forward(p, GridTeam<scalar_t>{exchange, p.batch * ldh, ldh, S, p.batch}, partials);
+}
+
+// The index of this thread's warp, and how many the block has (the emulated build's blocks may
+// be smaller than a warp: then one, partial).
+__device__ __forceinline__ int64_t warp_index() { return threadIdx.x / rt::kWarpSize; }
+__device__ __forceinline__ int64_t warp_count() { return (blockDim.x + rt::kWarpSize - 1) / rt::kWarpSize; }
+
+// sums (rows_a, columns) = a (rows_a, depth) b^T, b (columns, depth): a row-major, rows lda apart,
+// b's rows ldb apart, all three counts whole tiles, on the tensor cores: a warp a row tile by up
+// to kMmaGroup column tiles at a time, over the whole depth, its sums left row-major in `sums`
+// (rows `columns` floats apart).  The caller orders the sums' readers after it (a block barrier).
+template <typename scalar_t>
+__device__ __forceinline__ void mma_product(float* sums, const scalar_t* a, int64_t lda, int64_t rows_a,
+                                            const scalar_t* b, int64_t ldb, int64_t columns, int64_t depth) {
+  const int64_t column_tiles = columns / kMmaTile, groups = (column_tiles + kMmaGroup - 1) / kMmaGroup;
+  for (int64_t item = warp_index(); item < rows_a / kMmaTile * groups; item += warp_count()) {
+    const int64_t row0 = item / groups * kMmaTile, first = item % groups * kMmaGroup;
+    const int64_t count = column_tiles - first < kMmaGroup ? column_tiles - first : kMmaGroup;
+    rt::MmaSums acc[kMmaGroup];
+#pragma unroll
+    for (int g = 0; g < kMmaGroup; ++g) {
+      rt::mma_zero(acc[g]);
+    }
+    for (int64_t k0 = 0; k0 < depth; k0 += kMmaAhead * kMmaTile) {
+      // a's tiles come from global memory (L2) on the grid path: all kMmaAhead are asked for
+      // before the first is used, so that their latencies overlap.
+      rt::MmaA<scalar_t> x[kMmaAhead];
+#pragma unroll
+      for (int s = 0; s < kMmaAhead; ++s) {
+        if (k0 + s * kMmaTile < depth) {
+          rt::mma_load(x[s], a + row0 * lda + k0 + s * kMmaTile, unsigned(lda));
+        }
+      }
+#pragma unroll
+      for (int s = 0; s < kMmaAhead; ++s) {
+#pragma unroll
+        for (int g = 0; g < kMmaGroup; ++g) {
+          if (k0 + s * kMmaTile < depth && g < count) {
+            rt::MmaB<scalar_t> y;
+            rt::mma_load(y, b + (first + g) * kMmaTile * ldb + k0 + s * kMmaTile, unsigned(ldb));
+            rt::mma(acc[g], x[s], y);
+          }
+        }
+      }
+    }
+#pragma unroll
+    for (int g = 0; g < kMmaGroup; ++g) {
+      if (g < count) {
+        rt::mma_store(sums + row0 * columns + (first + g) * kMmaTile, acc[g], unsigned(columns));
+      }
+    }
+  }
+}
+
+// The grid's forward in a 16-bit type: each step's product on the tensor cores, gates (rows, 3
+// n_max rounded up) = h_{t-1} (rows, S) W_h's rows^T, into shared memory; then each (row, unit)
+// of the block finishes its cell from there.  The next step's product overwrites the sums only
+// after the grid barrier, which every reader here has passed.
+template <typename scalar_t>
+__global__ void persistent_grid_forward_mma_kernel(ForwardParams<scalar_t> p, scalar_t* exchange) {
+  using opmath_t = opmath_type<scalar_t>;
+  const int64_t S = p.state_size, ldh = mma_stride(S), rows = round_up(p.batch, kMmaTile);
+  const int64_t w_rows = forward_mma_rows(S, gridDim.x);
+  const Units units = units_of(S, blockIdx.x, gridDim.x);
+  const BlockRows<scalar_t> w = load_w_h(p.weights, p.ld, S, units, gridDim.x, ldh, w_rows);
+  float* const sums = reinterpret_cast<float*>(rt::dynamic_shared<unsigned char>() + w_rows * ldh * int64_t(sizeof(scalar_t)));
+  const GridTeam<scalar_t> team{exchange, rows * ldh, ldh, S, p.batch};
+  forward_loop(p, team, units, [&](int64_t t, const scalar_t* h, int next, bool last) {
+    mma_product(sums, h, ldh, rows, w.w, w.ld, w_rows, round_up(S, kMmaTile));
+    rt::sync_threads();  // the step's sums complete before the cells read them
+    for (int64_t e = threadIdx.x; e < p.batch * units.count; e += blockDim.x) {
+      const int64_t b = e / units.count, u = e % units.count, j = units.first + u;
+      const scalar_t* const g = p.gates + ((t - p.first_step) * p.batch + b) * 3 * S;
+      const float* const sum = sums + b * w_rows + u;
+      finish_unit(p, team, next, h, b, j, t, last, opmath_t(g[j]) + sum[0], opmath_t(g[S + j]) + sum[w.n_max],
+                  opmath_t(g[2 * S + j]) + sum[2 * w.n_max], p.cell[b * S + j]);
+    }
+  });
 }
 
 // What a backward launch works on, on either path (see PersistentBackward).
@@ -589,6 +749,49 @@ __global__ void persistent_grid_backward_kernel(BackwardParams<scalar_t> p) {
   }
 }
 
+// The grid's backward in a 16-bit type: as persistent_grid_backward_kernel, with d_h's product on
+// the tensor cores.  Each block keeps its units' columns of W_h in shared memory (transposed: a
+// unit's column of 3S values a row, mma_stride(3S) apart), and hands its d_gates of the step to
+// the others through two (rows, mma_stride(3S)) buffers in global memory (the padding zeros), as
+// the forward hands h: a block writes the buffer the others read only the step after, and the
+// grid barrier orders the two.  After the barrier each block's product d_h (rows, its units) =
+// d_gates (rows, 3S) W_h's columns lands in shared memory, summed over r in one fixed order (the
+// tensor cores' tiles, k ascending): deterministic.
+template <typename scalar_t>
+__global__ void persistent_grid_backward_mma_kernel(BackwardParams<scalar_t> p, scalar_t* exchange) {
+  using opmath_t = opmath_type<scalar_t>;
+  const int64_t S = p.state_size, depth = 3 * S, ld = mma_stride(depth), rows = round_up(p.batch, kMmaTile);
+  const int64_t columns = backward_mma_columns(S, gridDim.x), count = rows * ld;
+  const Units units = units_of(S, blockIdx.x, gridDim.x);
+  const int64_t mine = p.batch * units.count;
+  scalar_t* const w_t = rt::dynamic_shared<scalar_t>();
+  for (int64_t i = threadIdx.x; i < columns * ld; i += blockDim.x) {
+    const int64_t u = i / ld, r = i % ld;
+    w_t[i] = u < units.count && r < depth ? p.weights[r * p.ld + units.first + u] : scalar_t(0);
+  }
+  float* const sums = reinterpret_cast<float*>(w_t + columns * ld);
+  zero_padding(exchange, p.batch, rows, ld, depth);  // read only after the first grid barrier
+  for (int64_t k = 0; k < p.steps; ++k) {
+    const int64_t t = backward_step(p.steps, p.reverse, k);
+    scalar_t* const d_gates = exchange + (k & 1) * count;
+    for (int64_t e = threadIdx.x; e < mine; e += blockDim.x) {
+      const int64_t b = e / units.count, j = units.first + e % units.count;
+      const UnitGrads<scalar_t> grads = backward_unit(p, b, j, t);
+      for (int gate = 0; gate < 3; ++gate) {
+        d_gates[b * ld + gate * S + j] = grads.d[gate];
+      }
+    }
+    rt::grid_sync();  // the step's d_gates all in the buffer before any block's product reads them
+    mma_product(sums, d_gates, ld, rows, w_t, ld, columns, round_up(depth, kMmaTile));
+    rt::sync_threads();  // the step's sums complete before they are read
+    for (int64_t e = threadIdx.x; e < mine; e += blockDim.x) {
+      const int64_t b = e / units.count, u = e % units.count, at = b * S + units.first + u;
+      // A row past its length keeps its gradient (its d_gates are zero).
+      p.grad_h[at] = (takes_part(p.lengths, b, t) ? opmath_t(0) : p.grad_h[at]) + opmath_t(sums[b * columns + u]);
+    }
+  }
+}
+
 // The device's answers plan_sequence needs, asked once per device.
 struct DeviceLimits {
   bool clusters;
@@ -627,23 +830,36 @@ void dispatch_persistent(ScalarType dtype, F&& f) {
   }
 }
 
-// How many blocks of both grid kernels (the forward's with `forward_bytes` of shared memory) the
+// The shared memory a block of the grid's forward and backward kernels needs, `blocks` of them.
+std::pair<int64_t, int64_t> grid_shared_bytes(ScalarType dtype, int64_t batch, int64_t state_size, int64_t blocks) {
+  if (dtype == ScalarType::Float) {
+    return {forward_shared_bytes(4, batch, state_size, blocks, false), 0};
+  }
+  return {forward_mma_shared_bytes(batch, state_size, blocks), backward_mma_shared_bytes(batch, state_size, blocks)};
+}
+
+// How many blocks of both grid kernels (with `bytes` of shared memory: grid_shared_bytes) the
 // device holds at once, asked once per device, dtype and size.
-int64_t grid_capacity(int device, ScalarType dtype, int64_t forward_bytes) {
+int64_t grid_capacity(int device, ScalarType dtype, std::pair<int64_t, int64_t> bytes) {
   static std::mutex mutex;
-  static std::map<std::tuple<int, int, int64_t>, int64_t> known;
+  static std::map<std::tuple<int, int, int64_t, int64_t>, int64_t> known;
   const std::lock_guard<std::mutex> lock(mutex);
-  const auto key = std::make_tuple(device, int(dtype), forward_bytes);
+  const auto key = std::make_tuple(device, int(dtype), bytes.first, bytes.second);
   auto found = known.find(key);
   if (found == known.end()) {
     int64_t blocks = 0;
     dispatch_persistent(dtype, [&](auto zero) {
       using scalar_t = decltype(zero);
       const int threads = rt::threads_per_block();
-      const auto forward = persistent_grid_forward_kernel<scalar_t>;
-      const auto backward = persistent_grid_backward_kernel<scalar_t>;
-      blocks = std::min(rt::cooperative_blocks(forward, threads, size_t(forward_bytes), device),
-                        rt::cooperative_blocks(backward, threads, 0, device));
+      auto held = [&](auto forward, auto backward) {
+        return std::min(rt::cooperative_blocks(forward, threads, size_t(bytes.first), device),
+                        rt::cooperative_blocks(backward, threads, size_t(bytes.second), device));
+      };
+      if constexpr (kTensorCores<scalar_t>) {
+        blocks = held(persistent_grid_forward_mma_kernel<scalar_t>, persistent_grid_backward_mma_kernel<scalar_t>);
+      } else {
+        blocks = held(persistent_grid_forward_kernel<scalar_t>, persistent_grid_backward_kernel<scalar_t>);
+      }
     });
     found = known.emplace(key, blocks).first;
   }
@@ -669,12 +885,13 @@ SequencePlan plan_grid(int device, ScalarType dtype, int64_t batch, int64_t stat
     return plan;
   }
   const int64_t blocks = std::min(state_size, limits.multiprocessors);
-  const int64_t bytes = forward_shared_bytes(element_size(dtype), batch, state_size, blocks, false);
+  const std::pair<int64_t, int64_t> needs = grid_shared_bytes(dtype, batch, state_size, blocks);
+  const int64_t bytes = std::max(needs.first, needs.second);
   if (bytes > limits.shared_per_block) {
     refuse("a block's rows of W_h need " + std::to_string(bytes) + " bytes of shared memory, with its partial sums, over " +
            std::to_string(blocks) + " blocks, over the device's " + std::to_string(limits.shared_per_block));
   }
-  const int64_t capacity = grid_capacity(device, dtype, bytes);
+  const int64_t capacity = grid_capacity(device, dtype, needs);
   if (capacity < blocks) {
     refuse("its cooperative launch of " + std::to_string(blocks) + " blocks of " +
            std::to_string(rt::threads_per_block()) + " threads must be resident at once, and the device holds " +
@@ -684,7 +901,8 @@ SequencePlan plan_grid(int device, ScalarType dtype, int64_t batch, int64_t stat
   plan.blocks = blocks;
   plan.why = "grid: one cooperative launch for the time loop over " + std::to_string(blocks) +
              " blocks, each with its rows of W_h in shared memory (" + std::to_string(bytes) +
-             " bytes), h exchanged through global memory with one grid barrier a step (LLTM_CUDA_SEQUENCE=grid)";
+             " bytes), h exchanged through global memory with one grid barrier a step" +
+             (dtype == ScalarType::Float ? "" : ", the products on the tensor cores") + " (LLTM_CUDA_SEQUENCE=grid)";
   return plan;
 }
 
@@ -772,12 +990,19 @@ void persistent_forward(const SequencePlan& plan, const PersistentForward& a) {
                                     lengths_ptr(a.lengths), a.steps, a.k_begin, a.k_end, a.first_step, a.reverse,
                                     a.store_gates, B, S};
     if (plan.grid) {
-      // h's two buffers, rows padded as in shared memory (the kernel writes the padding)
-      const Tensor exchange = ops::empty({2, B, row_stride(S, sizeof(scalar_t))}, a.h.scalar_type(), a.h);
-      const size_t bytes = size_t(forward_shared_bytes(sizeof(scalar_t), B, S, plan.blocks, false));
-      rt::launch(persistent_grid_forward_kernel<scalar_t>,
-                 rt::ClusterLaunch{"persistent_grid_forward_kernel", plan.blocks, rt::threads_per_block(), 1, bytes, true},
-                 stream, p, exchange.mutable_data_ptr<scalar_t>());
+      // h's two buffers, rows padded as the product reads them (the kernel writes the padding)
+      const size_t bytes = size_t(grid_shared_bytes(a.gates.scalar_type(), B, S, plan.blocks).first);
+      if constexpr (kTensorCores<scalar_t>) {
+        const Tensor exchange = ops::empty({2, round_up(B, kMmaTile), mma_stride(S)}, a.h.scalar_type(), a.h);
+        rt::launch(persistent_grid_forward_mma_kernel<scalar_t>,
+                   rt::ClusterLaunch{"persistent_grid_forward_mma_kernel", plan.blocks, rt::threads_per_block(), 1, bytes, true},
+                   stream, p, exchange.mutable_data_ptr<scalar_t>());
+      } else {
+        const Tensor exchange = ops::empty({2, B, row_stride(S, sizeof(scalar_t))}, a.h.scalar_type(), a.h);
+        rt::launch(persistent_grid_forward_kernel<scalar_t>,
+                   rt::ClusterLaunch{"persistent_grid_forward_kernel", plan.blocks, rt::threads_per_block(), 1, bytes, true},
+                   stream, p, exchange.mutable_data_ptr<scalar_t>());
+      }
     } else {
       const size_t bytes = size_t(forward_shared_bytes(sizeof(scalar_t), B, S, plan.cluster, true));
       rt::launch(persistent_forward_kernel<scalar_t>,
@@ -799,9 +1024,18 @@ void persistent_backward(const SequencePlan& plan, const PersistentBackward& a) 
                                      a.grad_cell.mutable_data_ptr<opmath_t>(), a.d_gates.mutable_data_ptr<scalar_t>(),
                                      lengths_ptr(a.lengths), T, a.reverse, B, S};
     if (plan.grid) {
-      rt::launch(persistent_grid_backward_kernel<scalar_t>,
-                 rt::ClusterLaunch{"persistent_grid_backward_kernel", plan.blocks, rt::threads_per_block(), 1, 0, true},
-                 stream, p);
+      if constexpr (kTensorCores<scalar_t>) {
+        // d_gates' two buffers, rows padded as the product reads them (the kernel writes the padding)
+        const Tensor exchange = ops::empty({2, round_up(B, kMmaTile), mma_stride(3 * S)}, a.gates.scalar_type(), a.gates);
+        const size_t bytes = size_t(grid_shared_bytes(a.gates.scalar_type(), B, S, plan.blocks).second);
+        rt::launch(persistent_grid_backward_mma_kernel<scalar_t>,
+                   rt::ClusterLaunch{"persistent_grid_backward_mma_kernel", plan.blocks, rt::threads_per_block(), 1, bytes, true},
+                   stream, p, exchange.mutable_data_ptr<scalar_t>());
+      } else {
+        rt::launch(persistent_grid_backward_kernel<scalar_t>,
+                   rt::ClusterLaunch{"persistent_grid_backward_kernel", plan.blocks, rt::threads_per_block(), 1, 0, true},
+                   stream, p);
+      }
     } else {
       const size_t bytes = size_t(backward_shared_bytes(sizeof(scalar_t), B, S, plan.cluster));
       rt::launch(persistent_backward_kernel<scalar_t>,

@@ -2,7 +2,8 @@
 // GPU) and the emulated one (the same .cu files compiled as C++ for the CPU, with LLTM_CUDA_EMULATE
 // defined): the kernel launch, the few runtime queries, the stream, the device guard, the device
 // check, the two GEMMs, and the device functions a kernel uses to cooperate (barriers, shared
-// memory, warp shuffles and votes, atomics, the cluster, the cooperative grid).  Nothing else in
+// memory, warp shuffles and votes, atomics, the cluster, the cooperative grid, the tensor cores' warp
+// products).  Nothing else in
 // csrc/ may name a CUDA runtime call, <<<>>>, __syncthreads, __shared__ or a cooperative group: a
 // kernel reaches them only through rt:: below, so the emulation runs exactly what a GPU runs.
 //
@@ -31,7 +32,9 @@
 // so one library loads on every torch from the target version on.
 #include <torch/csrc/stable/accelerator.h>
 #include <torch/csrc/stable/tensor.h>
+#include <torch/headeronly/util/BFloat16.h>
 #include <torch/headeronly/util/Exception.h>
+#include <torch/headeronly/util/Half.h>
 #include <torch/headeronly/util/shim_utils.h>
 
 #include <cstdint>
@@ -57,6 +60,10 @@ struct ClusterLaunch {
   bool cooperative = false;
 };
 
+constexpr unsigned kWarpSize = 32;
+// The tensor cores' warp product (rt::mma below) works on kMmaTile x kMmaTile x kMmaTile tiles.
+constexpr int kMmaTile = 16;
+
 }  // namespace lltm_cuda::rt
 
 #ifndef LLTM_CUDA_EMULATE
@@ -69,7 +76,10 @@ struct ClusterLaunch {
 #include <torch/csrc/inductor/aoti_torch/c/shim.h>
 #include <torch/csrc/inductor/aoti_torch/generated/c_shim_cuda.h>
 #include <cooperative_groups.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
+#include <mma.h>
 
 #define LLTM_CUDA_DISPATCH_KEY CUDA
 // A static shared array: the emulation gives each block its own (see below).
@@ -196,10 +206,10 @@ void launch(void (*kernel)(Params...), const ClusterLaunch& shape, Stream stream
 // ---- Device functions ----------------------------------------------------------------------------
 __device__ __forceinline__ void sync_threads() { __syncthreads(); }
 
-// The dynamic shared memory of the launch, 16-byte aligned.
+// The dynamic shared memory of the launch, 128-byte aligned (a tensor-core tile needs 32).
 template <typename T>
 __device__ __forceinline__ T* dynamic_shared() {
-  extern __shared__ __align__(16) unsigned char lltm_dynamic_shared_bytes[];
+  extern __shared__ __align__(128) unsigned char lltm_dynamic_shared_bytes[];
   return reinterpret_cast<T*>(lltm_dynamic_shared_bytes);
 }
 
@@ -214,6 +224,46 @@ __device__ __forceinline__ bool all_sync(unsigned mask, bool predicate) { return
 __device__ __forceinline__ bool any_sync(unsigned mask, bool predicate) { return __any_sync(mask, predicate); }
 template <typename T>
 __device__ __forceinline__ T atomic_add(T* address, T value) { return atomicAdd(address, value); }
+
+// A warp's product on the tensor cores (nvcuda::wmma, sm_80 on): sums += a b over one
+// kMmaTile-cube, a and b of a 16-bit type, the sums in float.  Every lane of the warp makes each
+// call, with the same arguments.  a is read row-major and b column-major, their rows (b's columns)
+// `ld` elements apart: a multiple of 8 (of 4 for the float sums), from a 32-byte aligned address.
+template <typename T>
+struct MmaElement;
+template <>
+struct MmaElement<torch::headeronly::BFloat16> {
+  using type = __nv_bfloat16;
+};
+template <>
+struct MmaElement<torch::headeronly::Half> {
+  using type = __half;
+};
+template <typename T>
+using MmaA = nvcuda::wmma::fragment<nvcuda::wmma::matrix_a, kMmaTile, kMmaTile, kMmaTile, typename MmaElement<T>::type,
+                                    nvcuda::wmma::row_major>;
+template <typename T>
+using MmaB = nvcuda::wmma::fragment<nvcuda::wmma::matrix_b, kMmaTile, kMmaTile, kMmaTile, typename MmaElement<T>::type,
+                                    nvcuda::wmma::col_major>;
+using MmaSums = nvcuda::wmma::fragment<nvcuda::wmma::accumulator, kMmaTile, kMmaTile, kMmaTile, float>;
+
+template <typename T>
+__device__ __forceinline__ void mma_load(MmaA<T>& a, const T* p, unsigned ld) {
+  nvcuda::wmma::load_matrix_sync(a, reinterpret_cast<const typename MmaElement<T>::type*>(p), ld);
+}
+template <typename T>
+__device__ __forceinline__ void mma_load(MmaB<T>& b, const T* p, unsigned ld) {
+  nvcuda::wmma::load_matrix_sync(b, reinterpret_cast<const typename MmaElement<T>::type*>(p), ld);
+}
+__device__ __forceinline__ void mma_zero(MmaSums& sums) { nvcuda::wmma::fill_fragment(sums, 0.f); }
+template <typename A, typename B>  // MmaA<T>, MmaB<T>: aliases, which deduce no T
+__device__ __forceinline__ void mma(MmaSums& sums, const A& a, const B& b) {
+  nvcuda::wmma::mma_sync(sums, a, b, sums);
+}
+// The sums, row-major, rows `ld` floats apart.
+__device__ __forceinline__ void mma_store(float* p, const MmaSums& sums, unsigned ld) {
+  nvcuda::wmma::store_matrix_sync(p, sums, ld, nvcuda::wmma::mem_row_major);
+}
 
 // The cluster: on sm_90 the hardware's; compiled for an older GPU a kernel runs as a cluster of one
 // (the host launches it so there), so the same source compiles for sm_80.
@@ -483,6 +533,70 @@ inline bool all_sync(unsigned mask, bool predicate) {
 }
 
 inline bool any_sync(unsigned mask, bool predicate) { return ballot_sync(mask, predicate) != 0; }
+
+// The tensor cores' warp product (see the real build's): every lane holds the whole tile, where a
+// GPU spreads it over the warp; the kernels never touch a fragment's elements, so the two agree.
+// Every call is a meeting of the warp's lanes (a lane that skips one is an error naming the
+// kernel, where a GPU's result would be undefined) and checks wmma's alignment rules.  The sums
+// add the products in k order, in float (a 16-bit product is exact there).
+template <typename T>
+struct MmaA {
+  float v[kMmaTile][kMmaTile];  // [row][k]
+};
+template <typename T>
+struct MmaB {
+  float v[kMmaTile][kMmaTile];  // [k][column]
+};
+struct MmaSums {
+  float v[kMmaTile][kMmaTile];  // [row][column]
+};
+
+inline void mma_meet(const void* p, unsigned ld, unsigned multiple, const char* what) {
+  STD_TORCH_CHECK(reinterpret_cast<std::uintptr_t>(p) % 32 == 0 && ld % multiple == 0, "lltm-cuda (emulated): kernel ",
+                  emu::launch_state().name, ": a tensor-core ", what, " at ", p, " with rows ", ld,
+                  " elements apart; wmma needs a 32-byte aligned address and rows a multiple of ", multiple,
+                  " elements apart");
+  emu::warp_exchange(0, [](const uint64_t*, unsigned, unsigned) { return uint64_t(0); });
+}
+
+template <typename T>
+void mma_load(MmaA<T>& a, const T* p, unsigned ld) {
+  mma_meet(p, ld, 8, "load");
+  for (int i = 0; i < kMmaTile; ++i) {
+    for (int k = 0; k < kMmaTile; ++k) {
+      a.v[i][k] = float(p[i * ld + k]);
+    }
+  }
+}
+template <typename T>
+void mma_load(MmaB<T>& b, const T* p, unsigned ld) {
+  mma_meet(p, ld, 8, "load");
+  for (int j = 0; j < kMmaTile; ++j) {
+    for (int k = 0; k < kMmaTile; ++k) {
+      b.v[k][j] = float(p[j * ld + k]);
+    }
+  }
+}
+inline void mma_zero(MmaSums& sums) { std::fill(&sums.v[0][0], &sums.v[0][0] + kMmaTile * kMmaTile, 0.f); }
+template <typename T>
+void mma(MmaSums& sums, const MmaA<T>& a, const MmaB<T>& b) {
+  emu::warp_exchange(0, [](const uint64_t*, unsigned, unsigned) { return uint64_t(0); });
+  for (int i = 0; i < kMmaTile; ++i) {
+    for (int j = 0; j < kMmaTile; ++j) {
+      for (int k = 0; k < kMmaTile; ++k) {
+        sums.v[i][j] += a.v[i][k] * b.v[k][j];
+      }
+    }
+  }
+}
+inline void mma_store(float* p, const MmaSums& sums, unsigned ld) {
+  mma_meet(p, ld, 4, "store");
+  for (int i = 0; i < kMmaTile; ++i) {
+    for (int j = 0; j < kMmaTile; ++j) {
+      p[i * ld + j] = sums.v[i][j];
+    }
+  }
+}
 
 // A thread switches only at a barrier, so a read-modify-write is atomic as it stands.
 template <typename T>

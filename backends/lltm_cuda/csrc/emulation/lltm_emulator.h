@@ -403,8 +403,9 @@ void run_grid(const char* name, Body& body, unsigned blocks, unsigned threads, u
     p.arenas.emplace_back();
   }
   for (unsigned b = 0; b < live; ++b) {
-    p.arenas[b].resize(std::max(p.arenas[b].size(), shared_limit));
-    L.blocks[b].shared = p.arenas[b].data();
+    // 128-byte aligned, as the real build declares it (a tensor-core tile needs 32)
+    p.arenas[b].resize(std::max(p.arenas[b].size(), shared_limit + 128));
+    L.blocks[b].shared = p.arenas[b].data() + (128 - reinterpret_cast<std::uintptr_t>(p.arenas[b].data()) % 128) % 128;
     L.blocks[b].scratch.assign(threads, 0);
   }
   std::vector<unsigned> group_order(blocks / live);  // the groups of blocks live together
