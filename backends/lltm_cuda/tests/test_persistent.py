@@ -115,6 +115,38 @@ def test_at_a_gpus_block_size_the_tiles_match_the_reference():
     assert run.returncode == 0 and f"matched {len(_GPU_BLOCK_CASES) * 3}" in run.stdout, run.stdout + run.stderr
 
 
+def _in_a_child(script: str, **settings: str) -> str:
+    """Runs `script` in a child with these emulator settings (read once per process); its stdout."""
+    env = {**os.environ, **settings}
+    run = subprocess.run([sys.executable, "-c", script, str(torch.initial_seed() % 2**31)], capture_output=True,
+                         text=True, env=env, timeout=600)
+    assert run.returncode == 0, run.stdout + run.stderr
+    return run.stdout
+
+
+def test_on_the_tensor_cores_the_grid_splits_the_batch_and_the_units():
+    """In 16-bit types the grid splits the batch too (kernel comment on plan_grid).  On an
+    H100-sized device, T64 B256 S1024 bfloat16 takes 32 groups of units (as few as shared memory
+    allows) by 4 of the batch; on a 6-multiprocessor one, B40 S30 runs 2 by 3, the last batch group
+    part padding, against the reference in both 16-bit types."""
+    ask = ("import torch, lltm_cuda_emulated as m, os\n"
+           "os.environ['LLTM_CUDA_SEQUENCE'] = 'grid'\n"
+           "print(*m.sequence_path(torch.bfloat16, {}, {})[1:], sep='|')\n")
+    blocks, why = _in_a_child(ask.format(256, 1024), LLTM_CUDA_EMULATE_MULTIPROCESSORS="132").strip().split("|")
+    assert blocks == "128" and "the units split 32 ways, the batch 4" in why, why
+    script = (
+        "import os, sys, torch\n"
+        f"sys.path.insert(0, {os.path.dirname(__file__)!r})\n"
+        "import test_persistent as t\n"
+        "torch.manual_seed(int(sys.argv[1]))\n"
+        "os.environ['LLTM_CUDA_SEQUENCE'] = 'grid'\n"
+        "print(*t.lltm_cuda_emulated.sequence_path(torch.bfloat16, 40, 30)[1:], sep='|')\n"
+        "for dtype in (torch.bfloat16, torch.float16):\n"
+        "    t._matches_the_reference(dtype, 'grid 2 x 3', (3, 40, 3, 30))\n")
+    blocks, why = _in_a_child(script, LLTM_CUDA_EMULATE_MULTIPROCESSORS="6").strip().split("|")
+    assert blocks == "6" and "the units split 2 ways, the batch 3" in why, why
+
+
 @pytest.mark.parametrize("path", ["persistent", "grid"])
 def test_the_launch_count_does_not_grow_with_the_steps(persistent, path):
     """One launch for the forward's time loop and one for the backward's, whatever T (the GEMMs

@@ -147,22 +147,44 @@ constexpr int kMmaAhead = 8;  // the tiles of the left operand a warp loads befo
 
 __host__ __device__ inline int64_t mma_stride(int64_t length) { return round_up(length, kMmaTile) + kMmaTile / 2; }
 
-// Forward: its rows of W_h (three gates of n_max units, rounded up to a tile), then the step's sums
-// (B rounded up, by those rows) in float.  Backward: its units' columns of W_h (rounded up to a
-// tile, each of 3S), then the step's sums of d_h (B rounded up, by those columns).
-__host__ __device__ inline int64_t forward_mma_rows(int64_t state_size, int64_t blocks) {
-  return round_up(3 * max_units(state_size, blocks), kMmaTile);
+// On the tensor cores the grid splits the batch as well as the units: block i takes unit group
+// i % unit_groups and batch group i / unit_groups.  Each block reads its rows of the step's left
+// operand (h forward, d_gates backward) from L2, so the traffic a step is unit_groups times that
+// operand: the fewer unit groups (the more units a block keeps on chip) the better.  A batch
+// group is group_rows rows, whole tiles; the buffers in global memory have batch_groups of them.
+__host__ __device__ inline int64_t group_rows(int64_t batch, int64_t batch_groups) {
+  return round_up((batch + batch_groups - 1) / batch_groups, kMmaTile);
 }
-__host__ __device__ inline int64_t backward_mma_columns(int64_t state_size, int64_t blocks) {
-  return round_up(max_units(state_size, blocks), kMmaTile);
+
+// A block's share: its units, and its rows [row0, row0 + rows) of the padded batch, `own` of
+// which are the batch's.
+struct GridShare {
+  Units units;
+  int64_t row0, rows, own;
+};
+
+__device__ __forceinline__ GridShare grid_share(int64_t batch, int64_t state_size, int64_t unit_groups) {
+  const int64_t rows = group_rows(batch, gridDim.x / unit_groups), row0 = blockIdx.x / unit_groups * rows;
+  const int64_t own = batch - row0 < 0 ? 0 : batch - row0 < rows ? batch - row0 : rows;
+  return {units_of(state_size, unsigned(blockIdx.x % unit_groups), unsigned(unit_groups)), row0, rows, own};
 }
-inline int64_t forward_mma_shared_bytes(int64_t batch, int64_t state_size, int64_t blocks) {
-  const int64_t rows = forward_mma_rows(state_size, blocks);
-  return rows * mma_stride(state_size) * 2 + round_up(batch, kMmaTile) * rows * 4;
+
+// Forward: a block's rows of W_h (three gates of n_max units, rounded up to a tile), then the
+// step's sums (its rows by those) in float.  Backward: its units' columns of W_h (rounded up to a
+// tile, each of 3S), then the step's sums of d_h (its rows by those columns).
+__host__ __device__ inline int64_t forward_mma_rows(int64_t state_size, int64_t unit_groups) {
+  return round_up(3 * max_units(state_size, unit_groups), kMmaTile);
 }
-inline int64_t backward_mma_shared_bytes(int64_t batch, int64_t state_size, int64_t blocks) {
-  const int64_t columns = backward_mma_columns(state_size, blocks);
-  return columns * mma_stride(3 * state_size) * 2 + round_up(batch, kMmaTile) * columns * 4;
+__host__ __device__ inline int64_t backward_mma_columns(int64_t state_size, int64_t unit_groups) {
+  return round_up(max_units(state_size, unit_groups), kMmaTile);
+}
+inline int64_t forward_mma_shared_bytes(int64_t rows, int64_t state_size, int64_t unit_groups) {
+  const int64_t w_rows = forward_mma_rows(state_size, unit_groups);
+  return w_rows * mma_stride(state_size) * 2 + rows * w_rows * 4;
+}
+inline int64_t backward_mma_shared_bytes(int64_t rows, int64_t state_size, int64_t unit_groups) {
+  const int64_t columns = backward_mma_columns(state_size, unit_groups);
+  return columns * mma_stride(3 * state_size) * 2 + rows * columns * 4;
 }
 
 // Shared memory a block needs.  Forward: W_h's rows, the two h buffers (B, ldh) (the cluster's
@@ -332,19 +354,21 @@ __device__ __forceinline__ void zero_padding(scalar_t* buffers, int64_t batch, i
 }
 
 // The grid path: every block of a cooperative launch, h in two (rows, ldh) buffers in global
-// memory (L2), each block writing its own units once, block 0 the padding (the columns past S, and
-// the rows past the batch that the tensor cores' tiles add); the grid barrier ends a step.
+// memory (L2), each block writing its own units of its rows [row0, row0 + own) (all the batch's,
+// on FFMA), block 0 the padding (the columns past S, and the rows past the batch that the tensor
+// cores' tiles add); the grid barrier ends a step.
 template <typename scalar_t>
 struct GridTeam {
   scalar_t* exchange;  // two (rows, ldh) buffers in global memory
   int64_t count;       // rows * ldh
   int64_t ldh, state_size, batch;
+  int64_t row0, own;
   __device__ __forceinline__ unsigned rank() const { return blockIdx.x; }
   __device__ __forceinline__ unsigned blocks() const { return gridDim.x; }
   __device__ __forceinline__ void sync() const { rt::grid_sync(); }
   __device__ __forceinline__ void start(const scalar_t* h, Units units) const {
-    for (int64_t e = threadIdx.x; e < batch * units.count; e += blockDim.x) {
-      const int64_t b = e / units.count, c = units.first + e % units.count;
+    for (int64_t e = threadIdx.x; e < own * units.count; e += blockDim.x) {
+      const int64_t b = row0 + e / units.count, c = units.first + e % units.count;
       exchange[b * ldh + c] = h[b * state_size + c];
     }
     zero_padding(exchange, batch, count / ldh, ldh, state_size);
@@ -483,7 +507,7 @@ __global__ void persistent_grid_forward_kernel(ForwardParams<scalar_t> p, scalar
   const int64_t S = p.state_size, ldh = row_stride(S, sizeof(scalar_t));
   float* const partials = reinterpret_cast<float*>(rt::dynamic_shared<unsigned char>() +
                                                                    w_bytes(S, gridDim.x, sizeof(scalar_t)));
-  ffma_forward(p, GridTeam<scalar_t>{exchange, p.batch * ldh, ldh, S, p.batch}, partials);
+  ffma_forward(p, GridTeam<scalar_t>{exchange, p.batch * ldh, ldh, S, p.batch, 0, p.batch}, partials);
 }
 
 // The index of this thread's warp, and how many the block has (the emulated build's blocks may
@@ -538,26 +562,27 @@ __device__ __forceinline__ void mma_product(float* sums, const scalar_t* a, int6
   }
 }
 
-// The grid's forward in a 16-bit type: each step's product on the tensor cores, gates (rows, 3
-// n_max rounded up) = h_{t-1} (rows, S) W_h's rows^T, into shared memory; then each (row, unit)
-// of the block finishes its cell from there.  The next step's product overwrites the sums only
-// after the grid barrier, which every reader here has passed.
+// The grid's forward in a 16-bit type (a block's share: grid_share): each step's product on the
+// tensor cores, gates (its rows, 3 n_max rounded up) = h_{t-1} (its rows, S) W_h's rows^T, into
+// shared memory; then each of its (row, unit) finishes its cell from there.  The next step's
+// product overwrites the sums only after the grid barrier, which every reader here has passed.
 template <typename scalar_t>
-__global__ void persistent_grid_forward_mma_kernel(ForwardParams<scalar_t> p, scalar_t* exchange) {
+__global__ void persistent_grid_forward_mma_kernel(ForwardParams<scalar_t> p, scalar_t* exchange, int64_t unit_groups) {
   using opmath_t = opmath_type<scalar_t>;
-  const int64_t S = p.state_size, ldh = mma_stride(S), rows = round_up(p.batch, kMmaTile);
-  const int64_t w_rows = forward_mma_rows(S, gridDim.x);
-  const Units units = units_of(S, blockIdx.x, gridDim.x);
-  const BlockRows<scalar_t> w = load_w_h(p.weights, p.ld, S, units, gridDim.x, ldh, w_rows);
+  const int64_t S = p.state_size, ldh = mma_stride(S), w_rows = forward_mma_rows(S, unit_groups);
+  const GridShare share = grid_share(p.batch, S, unit_groups);
+  const Units units = share.units;
+  const BlockRows<scalar_t> w = load_w_h(p.weights, p.ld, S, units, unsigned(unit_groups), ldh, w_rows);
   float* const sums = reinterpret_cast<float*>(rt::dynamic_shared<unsigned char>() + w_rows * ldh * int64_t(sizeof(scalar_t)));
-  const GridTeam<scalar_t> team{exchange, rows * ldh, ldh, S, p.batch};
+  const int64_t buffer_rows = gridDim.x / unit_groups * share.rows;
+  const GridTeam<scalar_t> team{exchange, buffer_rows * ldh, ldh, S, p.batch, share.row0, share.own};
   forward_loop(p, team, units, [&](int64_t t, const scalar_t* h, int next, bool last) {
-    mma_product(sums, h, ldh, rows, w.w, w.ld, w_rows, round_up(S, kMmaTile));
+    mma_product(sums, h + share.row0 * ldh, ldh, share.rows, w.w, w.ld, w_rows, round_up(S, kMmaTile));
     rt::sync_threads();  // the step's sums complete before the cells read them
-    for (int64_t e = threadIdx.x; e < p.batch * units.count; e += blockDim.x) {
-      const int64_t b = e / units.count, u = e % units.count, j = units.first + u;
+    for (int64_t e = threadIdx.x; e < share.own * units.count; e += blockDim.x) {
+      const int64_t r = e / units.count, b = share.row0 + r, u = e % units.count, j = units.first + u;
       const scalar_t* const g = p.gates + ((t - p.first_step) * p.batch + b) * 3 * S;
-      const float* const sum = sums + b * w_rows + u;
+      const float* const sum = sums + r * w_rows + u;
       finish_unit(p, team, next, h, b, j, t, last, opmath_t(g[j]) + sum[0], opmath_t(g[S + j]) + sum[w.n_max],
                   opmath_t(g[2 * S + j]) + sum[2 * w.n_max], p.cell[b * S + j]);
     }
@@ -749,21 +774,22 @@ __global__ void persistent_grid_backward_kernel(BackwardParams<scalar_t> p) {
   }
 }
 
-// The grid's backward in a 16-bit type: as persistent_grid_backward_kernel, with d_h's product on
-// the tensor cores.  Each block keeps its units' columns of W_h in shared memory (transposed: a
-// unit's column of 3S values a row, mma_stride(3S) apart), and hands its d_gates of the step to
-// the others through two (rows, mma_stride(3S)) buffers in global memory (the padding zeros), as
-// the forward hands h: a block writes the buffer the others read only the step after, and the
-// grid barrier orders the two.  After the barrier each block's product d_h (rows, its units) =
-// d_gates (rows, 3S) W_h's columns lands in shared memory, summed over r in one fixed order (the
-// tensor cores' tiles, k ascending): deterministic.
+// The grid's backward in a 16-bit type (a block's share: grid_share): as
+// persistent_grid_backward_kernel, with d_h's product on the tensor cores.  Each block keeps its
+// units' columns of W_h in shared memory (transposed: a unit's column of 3S values a row,
+// mma_stride(3S) apart), and hands its d_gates of the step to the others through two (rows,
+// mma_stride(3S)) buffers in global memory (the padding zeros), as the forward hands h: a block
+// writes the buffer the others read only the step after, and the grid barrier orders the two.
+// After the barrier each block's product d_h (its rows, its units) = d_gates (its rows, 3S) W_h's
+// columns lands in shared memory, summed over r in one fixed order (the tensor cores' tiles, k
+// ascending): deterministic.
 template <typename scalar_t>
-__global__ void persistent_grid_backward_mma_kernel(BackwardParams<scalar_t> p, scalar_t* exchange) {
+__global__ void persistent_grid_backward_mma_kernel(BackwardParams<scalar_t> p, scalar_t* exchange, int64_t unit_groups) {
   using opmath_t = opmath_type<scalar_t>;
-  const int64_t S = p.state_size, depth = 3 * S, ld = mma_stride(depth), rows = round_up(p.batch, kMmaTile);
-  const int64_t columns = backward_mma_columns(S, gridDim.x), count = rows * ld;
-  const Units units = units_of(S, blockIdx.x, gridDim.x);
-  const int64_t mine = p.batch * units.count;
+  const int64_t S = p.state_size, depth = 3 * S, ld = mma_stride(depth), columns = backward_mma_columns(S, unit_groups);
+  const GridShare share = grid_share(p.batch, S, unit_groups);
+  const Units units = share.units;
+  const int64_t rows = gridDim.x / unit_groups * share.rows, count = rows * ld, mine = share.own * units.count;
   scalar_t* const w_t = rt::dynamic_shared<scalar_t>();
   for (int64_t i = threadIdx.x; i < columns * ld; i += blockDim.x) {
     const int64_t u = i / ld, r = i % ld;
@@ -775,19 +801,19 @@ __global__ void persistent_grid_backward_mma_kernel(BackwardParams<scalar_t> p, 
     const int64_t t = backward_step(p.steps, p.reverse, k);
     scalar_t* const d_gates = exchange + (k & 1) * count;
     for (int64_t e = threadIdx.x; e < mine; e += blockDim.x) {
-      const int64_t b = e / units.count, j = units.first + e % units.count;
+      const int64_t b = share.row0 + e / units.count, j = units.first + e % units.count;
       const UnitGrads<scalar_t> grads = backward_unit(p, b, j, t);
       for (int gate = 0; gate < 3; ++gate) {
         d_gates[b * ld + gate * S + j] = grads.d[gate];
       }
     }
     rt::grid_sync();  // the step's d_gates all in the buffer before any block's product reads them
-    mma_product(sums, d_gates, ld, rows, w_t, ld, columns, round_up(depth, kMmaTile));
+    mma_product(sums, d_gates + share.row0 * ld, ld, share.rows, w_t, ld, columns, round_up(depth, kMmaTile));
     rt::sync_threads();  // the step's sums complete before they are read
     for (int64_t e = threadIdx.x; e < mine; e += blockDim.x) {
-      const int64_t b = e / units.count, u = e % units.count, at = b * S + units.first + u;
+      const int64_t r = e / units.count, b = share.row0 + r, u = e % units.count, at = b * S + units.first + u;
       // A row past its length keeps its gradient (its d_gates are zero).
-      p.grad_h[at] = (takes_part(p.lengths, b, t) ? opmath_t(0) : p.grad_h[at]) + opmath_t(sums[b * columns + u]);
+      p.grad_h[at] = (takes_part(p.lengths, b, t) ? opmath_t(0) : p.grad_h[at]) + opmath_t(sums[r * columns + u]);
     }
   }
 }
@@ -830,12 +856,15 @@ void dispatch_persistent(ScalarType dtype, F&& f) {
   }
 }
 
-// The shared memory a block of the grid's forward and backward kernels needs, `blocks` of them.
-std::pair<int64_t, int64_t> grid_shared_bytes(ScalarType dtype, int64_t batch, int64_t state_size, int64_t blocks) {
+// The shared memory a block of the grid's forward and backward kernels needs, over `unit_groups`
+// groups of units and `batch_groups` of the batch (one, on FFMA).
+std::pair<int64_t, int64_t> grid_shared_bytes(ScalarType dtype, int64_t batch, int64_t state_size,
+                                              int64_t unit_groups, int64_t batch_groups) {
   if (dtype == ScalarType::Float) {
-    return {forward_shared_bytes(4, batch, state_size, blocks, false), 0};
+    return {forward_shared_bytes(4, batch, state_size, unit_groups, false), 0};
   }
-  return {forward_mma_shared_bytes(batch, state_size, blocks), backward_mma_shared_bytes(batch, state_size, blocks)};
+  const int64_t rows = group_rows(batch, batch_groups);
+  return {forward_mma_shared_bytes(rows, state_size, unit_groups), backward_mma_shared_bytes(rows, state_size, unit_groups)};
 }
 
 // How many blocks of both grid kernels (with `bytes` of shared memory: grid_shared_bytes) the
@@ -866,8 +895,12 @@ int64_t grid_capacity(int device, ScalarType dtype, std::pair<int64_t, int64_t> 
   return found->second;
 }
 
-// The grid path: one block a multiprocessor (no more blocks than hidden units), each keeping its
-// units' rows of W_h in shared memory; all blocks resident at once, or the launch is refused.
+// The grid path: at most one block a multiprocessor, each keeping its units' rows of W_h in shared
+// memory; all blocks resident at once, or the launch is refused.  On FFMA the blocks split the
+// units alone (no more blocks than units).  On the tensor cores they split the batch into groups
+// of whole tiles and the units into as few groups as shared memory allows (the traffic a step
+// grows with them: see group_rows), but no fewer than keep every multiprocessor busy where the
+// batch has few tiles (a small operand costs little traffic).
 SequencePlan plan_grid(int device, ScalarType dtype, int64_t batch, int64_t state_size, const DeviceLimits& limits) {
   std::ostringstream described;
   described << "at batch " << batch << ", state size " << state_size << ", " << dtype;
@@ -884,9 +917,21 @@ SequencePlan plan_grid(int device, ScalarType dtype, int64_t batch, int64_t stat
     plan.why = "per-step: an empty batch, nothing to run";
     return plan;
   }
-  const int64_t blocks = std::min(state_size, limits.multiprocessors);
-  const std::pair<int64_t, int64_t> needs = grid_shared_bytes(dtype, batch, state_size, blocks);
-  const int64_t bytes = std::max(needs.first, needs.second);
+  const int64_t most = std::min(state_size, limits.multiprocessors), tiles = (batch + kMmaTile - 1) / kMmaTile;
+  int64_t unit_groups = dtype == ScalarType::Float ? most
+                                                   : std::min(most, (limits.multiprocessors + tiles - 1) / tiles);
+  int64_t batch_groups = 1;
+  std::pair<int64_t, int64_t> needs;
+  for (;; ++unit_groups) {
+    if (dtype != ScalarType::Float) {
+      batch_groups = std::clamp(limits.multiprocessors / unit_groups, int64_t(1), tiles);
+    }
+    needs = grid_shared_bytes(dtype, batch, state_size, unit_groups, batch_groups);
+    if (std::max(needs.first, needs.second) <= limits.shared_per_block || unit_groups == most) {
+      break;
+    }
+  }
+  const int64_t blocks = unit_groups * batch_groups, bytes = std::max(needs.first, needs.second);
   if (bytes > limits.shared_per_block) {
     refuse("a block's rows of W_h need " + std::to_string(bytes) + " bytes of shared memory, with its partial sums, over " +
            std::to_string(blocks) + " blocks, over the device's " + std::to_string(limits.shared_per_block));
@@ -899,10 +944,15 @@ SequencePlan plan_grid(int device, ScalarType dtype, int64_t batch, int64_t stat
   }
   plan.persistent = plan.grid = true;
   plan.blocks = blocks;
+  plan.unit_groups = unit_groups;
   plan.why = "grid: one cooperative launch for the time loop over " + std::to_string(blocks) +
              " blocks, each with its rows of W_h in shared memory (" + std::to_string(bytes) +
              " bytes), h exchanged through global memory with one grid barrier a step" +
-             (dtype == ScalarType::Float ? "" : ", the products on the tensor cores") + " (LLTM_CUDA_SEQUENCE=grid)";
+             (dtype == ScalarType::Float ? ""
+                                         : ", the products on the tensor cores (the units split " +
+                                               std::to_string(unit_groups) + " ways, the batch " +
+                                               std::to_string(batch_groups) + ")") +
+             " (LLTM_CUDA_SEQUENCE=grid)";
   return plan;
 }
 
@@ -991,12 +1041,15 @@ void persistent_forward(const SequencePlan& plan, const PersistentForward& a) {
                                     a.store_gates, B, S};
     if (plan.grid) {
       // h's two buffers, rows padded as the product reads them (the kernel writes the padding)
-      const size_t bytes = size_t(grid_shared_bytes(a.gates.scalar_type(), B, S, plan.blocks).first);
+      const int64_t batch_groups = plan.blocks / plan.unit_groups;
+      const size_t bytes =
+          size_t(grid_shared_bytes(a.gates.scalar_type(), B, S, plan.unit_groups, batch_groups).first);
       if constexpr (kTensorCores<scalar_t>) {
-        const Tensor exchange = ops::empty({2, round_up(B, kMmaTile), mma_stride(S)}, a.h.scalar_type(), a.h);
+        const Tensor exchange = ops::empty({2, batch_groups * group_rows(B, batch_groups), mma_stride(S)},
+                                           a.h.scalar_type(), a.h);
         rt::launch(persistent_grid_forward_mma_kernel<scalar_t>,
                    rt::ClusterLaunch{"persistent_grid_forward_mma_kernel", plan.blocks, rt::threads_per_block(), 1, bytes, true},
-                   stream, p, exchange.mutable_data_ptr<scalar_t>());
+                   stream, p, exchange.mutable_data_ptr<scalar_t>(), plan.unit_groups);
       } else {
         const Tensor exchange = ops::empty({2, B, row_stride(S, sizeof(scalar_t))}, a.h.scalar_type(), a.h);
         rt::launch(persistent_grid_forward_kernel<scalar_t>,
@@ -1026,11 +1079,14 @@ void persistent_backward(const SequencePlan& plan, const PersistentBackward& a) 
     if (plan.grid) {
       if constexpr (kTensorCores<scalar_t>) {
         // d_gates' two buffers, rows padded as the product reads them (the kernel writes the padding)
-        const Tensor exchange = ops::empty({2, round_up(B, kMmaTile), mma_stride(3 * S)}, a.gates.scalar_type(), a.gates);
-        const size_t bytes = size_t(grid_shared_bytes(a.gates.scalar_type(), B, S, plan.blocks).second);
+        const int64_t batch_groups = plan.blocks / plan.unit_groups;
+        const Tensor exchange = ops::empty({2, batch_groups * group_rows(B, batch_groups), mma_stride(3 * S)},
+                                           a.gates.scalar_type(), a.gates);
+        const size_t bytes =
+            size_t(grid_shared_bytes(a.gates.scalar_type(), B, S, plan.unit_groups, batch_groups).second);
         rt::launch(persistent_grid_backward_mma_kernel<scalar_t>,
                    rt::ClusterLaunch{"persistent_grid_backward_mma_kernel", plan.blocks, rt::threads_per_block(), 1, bytes, true},
-                   stream, p, exchange.mutable_data_ptr<scalar_t>());
+                   stream, p, exchange.mutable_data_ptr<scalar_t>(), plan.unit_groups);
       } else {
         rt::launch(persistent_grid_backward_kernel<scalar_t>,
                    rt::ClusterLaunch{"persistent_grid_backward_kernel", plan.blocks, rt::threads_per_block(), 1, 0, true},

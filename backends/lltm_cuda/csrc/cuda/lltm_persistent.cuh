@@ -17,6 +17,7 @@ struct SequencePlan {
   bool grid = false;        // the grid's: a cooperative launch of `blocks` blocks
   int cluster = 1;          // blocks of the cluster that splits the hidden units
   int64_t blocks = 1;       // blocks of the cooperative grid that splits them
+  int64_t unit_groups = 1;  // the grid's: groups of units (blocks / unit_groups of the batch)
   std::string why;
 };
 
