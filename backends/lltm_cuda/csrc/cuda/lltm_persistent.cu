@@ -178,13 +178,33 @@ __host__ __device__ inline int64_t forward_mma_rows(int64_t state_size, int64_t 
 __host__ __device__ inline int64_t backward_mma_columns(int64_t state_size, int64_t unit_groups) {
   return round_up(max_units(state_size, unit_groups), kMmaTile);
 }
+
+// How a block's warps share a product of (rows, columns) sums over `depth` (all whole tiles): an
+// item is a row tile by up to kMmaGroup column tiles, over the whole depth; where the items are
+// fewer than the warps, the depth is cut into `slices` (a tile deep at least), whose sums meet in
+// shared memory and are added in slice order, so the result does not depend on timing.  The host
+// sizes shared memory with the same function.
+struct MmaWork {
+  int64_t items, slices;
+};
+__host__ __device__ inline MmaWork mma_work(int64_t rows, int64_t columns, int64_t depth, int64_t threads) {
+  const int64_t column_tiles = columns / kMmaTile, groups = (column_tiles + kMmaGroup - 1) / kMmaGroup;
+  const int64_t items = rows / kMmaTile * groups, warps = (threads + rt::kWarpSize - 1) / rt::kWarpSize;
+  const int64_t slices = items >= warps ? 1 : warps / items;
+  return {items, slices < depth / kMmaTile ? slices : depth / kMmaTile};
+}
+
+// The step's sums in float: (rows, columns) for each slice (mma_work).
+inline int64_t mma_sums_bytes(int64_t rows, int64_t columns, int64_t depth) {
+  return mma_work(rows, columns, depth, rt::threads_per_block()).slices * rows * columns * 4;
+}
 inline int64_t forward_mma_shared_bytes(int64_t rows, int64_t state_size, int64_t unit_groups) {
   const int64_t w_rows = forward_mma_rows(state_size, unit_groups);
-  return w_rows * mma_stride(state_size) * 2 + rows * w_rows * 4;
+  return w_rows * mma_stride(state_size) * 2 + mma_sums_bytes(rows, w_rows, round_up(state_size, kMmaTile));
 }
 inline int64_t backward_mma_shared_bytes(int64_t rows, int64_t state_size, int64_t unit_groups) {
   const int64_t columns = backward_mma_columns(state_size, unit_groups);
-  return columns * mma_stride(3 * state_size) * 2 + rows * columns * 4;
+  return columns * mma_stride(3 * state_size) * 2 + mma_sums_bytes(rows, columns, round_up(3 * state_size, kMmaTile));
 }
 
 // Shared memory a block needs.  Forward: W_h's rows, the two h buffers (B, ldh) (the cluster's
@@ -516,28 +536,33 @@ __device__ __forceinline__ int64_t warp_index() { return threadIdx.x / rt::kWarp
 __device__ __forceinline__ int64_t warp_count() { return (blockDim.x + rt::kWarpSize - 1) / rt::kWarpSize; }
 
 // sums (rows_a, columns) = a (rows_a, depth) b^T, b (columns, depth): a row-major, rows lda apart,
-// b's rows ldb apart, all three counts whole tiles, on the tensor cores: a warp a row tile by up
-// to kMmaGroup column tiles at a time, over the whole depth, its sums left row-major in `sums`
-// (rows `columns` floats apart).  The caller orders the sums' readers after it (a block barrier).
+// b's rows ldb apart, all three counts whole tiles, on the tensor cores, the warps taking the
+// (item, slice) pairs of mma_work; the sums land row-major in `sums` (rows `columns` floats apart),
+// slice s > 0's at sums + s rows_a columns until they are added to slice 0's, after a block
+// barrier, in slice order.  The caller orders the sums' readers after it (a block barrier).
 template <typename scalar_t>
 __device__ __forceinline__ void mma_product(float* sums, const scalar_t* a, int64_t lda, int64_t rows_a,
                                             const scalar_t* b, int64_t ldb, int64_t columns, int64_t depth) {
   const int64_t column_tiles = columns / kMmaTile, groups = (column_tiles + kMmaGroup - 1) / kMmaGroup;
-  for (int64_t item = warp_index(); item < rows_a / kMmaTile * groups; item += warp_count()) {
+  const MmaWork work = mma_work(rows_a, columns, depth, blockDim.x);
+  const int64_t deep = depth / kMmaTile, count = rows_a * columns;
+  for (int64_t pair = warp_index(); pair < work.items * work.slices; pair += warp_count()) {
+    const int64_t item = pair % work.items, slice = pair / work.items;
     const int64_t row0 = item / groups * kMmaTile, first = item % groups * kMmaGroup;
-    const int64_t count = column_tiles - first < kMmaGroup ? column_tiles - first : kMmaGroup;
+    const int64_t tiles = column_tiles - first < kMmaGroup ? column_tiles - first : kMmaGroup;
+    const int64_t k_end = deep * (slice + 1) / work.slices * kMmaTile;
     rt::MmaSums acc[kMmaGroup];
 #pragma unroll
     for (int g = 0; g < kMmaGroup; ++g) {
       rt::mma_zero(acc[g]);
     }
-    for (int64_t k0 = 0; k0 < depth; k0 += kMmaAhead * kMmaTile) {
+    for (int64_t k0 = deep * slice / work.slices * kMmaTile; k0 < k_end; k0 += kMmaAhead * kMmaTile) {
       // a's tiles come from global memory (L2) on the grid path: all kMmaAhead are asked for
       // before the first is used, so that their latencies overlap.
       rt::MmaA<scalar_t> x[kMmaAhead];
 #pragma unroll
       for (int s = 0; s < kMmaAhead; ++s) {
-        if (k0 + s * kMmaTile < depth) {
+        if (k0 + s * kMmaTile < k_end) {
           rt::mma_load(x[s], a + row0 * lda + k0 + s * kMmaTile, unsigned(lda));
         }
       }
@@ -545,7 +570,7 @@ __device__ __forceinline__ void mma_product(float* sums, const scalar_t* a, int6
       for (int s = 0; s < kMmaAhead; ++s) {
 #pragma unroll
         for (int g = 0; g < kMmaGroup; ++g) {
-          if (k0 + s * kMmaTile < depth && g < count) {
+          if (k0 + s * kMmaTile < k_end && g < tiles) {
             rt::MmaB<scalar_t> y;
             rt::mma_load(y, b + (first + g) * kMmaTile * ldb + k0 + s * kMmaTile, unsigned(ldb));
             rt::mma(acc[g], x[s], y);
@@ -555,9 +580,19 @@ __device__ __forceinline__ void mma_product(float* sums, const scalar_t* a, int6
     }
 #pragma unroll
     for (int g = 0; g < kMmaGroup; ++g) {
-      if (g < count) {
-        rt::mma_store(sums + row0 * columns + (first + g) * kMmaTile, acc[g], unsigned(columns));
+      if (g < tiles) {
+        rt::mma_store(sums + slice * count + row0 * columns + (first + g) * kMmaTile, acc[g], unsigned(columns));
       }
+    }
+  }
+  if (work.slices > 1) {
+    rt::sync_threads();  // every slice's sums in shared memory before they are added
+    for (int64_t e = threadIdx.x; e < count; e += blockDim.x) {
+      float total = sums[e];
+      for (int64_t s = 1; s < work.slices; ++s) {
+        total += sums[s * count + e];
+      }
+      sums[e] = total;
     }
   }
 }
