@@ -166,6 +166,28 @@ def test_the_launch_count_does_not_grow_with_the_steps(persistent, path):
     assert _launches() - before == 2 * 7
 
 
+def _state_copies(path: str) -> int:
+    """The copies of a (B, S) tensor that lltm-cuda's sequence operators make, forward and backward,
+    on `path`: each would be a kernel on a GPU (torch's profiler sees them here too)."""
+    os.environ["LLTM_CUDA_SEQUENCE"] = path  # the fixture restores it
+    inputs = make_sequence_inputs(4, 3, 2, 8)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True) as prof:
+        out = lltm_core.lltm_sequence(*inputs, backend="cuda_emulated")
+        torch.autograd.backward(out, [torch.randn_like(t) for t in out])
+    return sum(1 for e in prof.events() if e.name == "aten::copy_" and e.input_shapes[0] == [3, 8]
+               and e.cpu_parent is not None and e.cpu_parent.name.startswith("lltm_cuda::sequence_"))
+
+
+@pytest.mark.parametrize("path", ["persistent", "grid"])
+def test_the_persistent_kernels_read_the_initial_state_themselves(persistent, path):
+    """h0 and c0 forward, the gradients of h_n and c_n backward: read by the kernels at their first
+    step, not copied into the running buffers first (a copy is a kernel, and a kernel boundary, on a
+    GPU); the per-step path, for contrast, copies all four."""
+    persistent(2)
+    assert _state_copies(path) == 0
+    assert _state_copies("per-step") == 4
+
+
 @pytest.mark.parametrize("path", ["persistent", "grid"])
 def test_the_backward_is_deterministic(persistent, path):
     """The partial d_h of each block are summed in rank order (the grid's d_h over W_h's columns in

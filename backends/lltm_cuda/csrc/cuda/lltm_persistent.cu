@@ -272,7 +272,25 @@ struct ForwardParams {
   int64_t steps, k_begin, k_end, first_step;
   bool reverse, store_gates;
   int64_t batch, state_size;
+  // The state before the sequence's first step, read by the launch that runs it (null in later
+  // launches, which start from h and cell): no copy kernels before the loop.
+  const scalar_t* h0;
+  const scalar_t* c0;
 };
+
+// Where a step of the loop stands: its time step t; whether it is the first of the sequence (its
+// state then comes from h0 and c0), the last of the launch (h is written out then).
+struct StepAt {
+  int64_t t;
+  bool first, last;
+};
+
+// The cell of element `at` (b S + j) before step `step`.
+template <typename scalar_t>
+__device__ __forceinline__ opmath_type<scalar_t> cell_before(const ForwardParams<scalar_t>& p, int64_t at,
+                                                             const StepAt& step) {
+  return step.first ? opmath_type<scalar_t>(p.c0[at]) : p.cell[at];
+}
 
 // acc[g][r] += the product of h_{t-1}'s row b0 + r (rows `ldh` apart; a row past the batch reads
 // its last, and its sums go unused) with the row of gate g of unit u of W_h, over chunks
@@ -313,16 +331,16 @@ struct TileInputs {
 
 template <typename scalar_t>
 __device__ __forceinline__ TileInputs<opmath_type<scalar_t>> tile_inputs(const ForwardParams<scalar_t>& p, int64_t b0,
-                                                                          int64_t j, int64_t t) {
+                                                                          int64_t j, const StepAt& step) {
   using opmath_t = opmath_type<scalar_t>;
   const int64_t S = p.state_size;
   TileInputs<opmath_t> in{};
   for (int r = 0; r < kRows && b0 + r < p.batch; ++r) {
-    const scalar_t* const g = p.gates + ((t - p.first_step) * p.batch + b0 + r) * 3 * S;
+    const scalar_t* const g = p.gates + ((step.t - p.first_step) * p.batch + b0 + r) * 3 * S;
     in.pre[0][r] = opmath_t(g[j]);
     in.pre[1][r] = opmath_t(g[S + j]);
     in.pre[2][r] = opmath_t(g[2 * S + j]);
-    in.cell[r] = p.cell[(b0 + r) * S + j];
+    in.cell[r] = cell_before(p, (b0 + r) * S + j, step);
   }
   return in;
 }
@@ -397,16 +415,17 @@ struct GridTeam {
   __device__ __forceinline__ void publish(int i, int64_t at, scalar_t value) const { exchange[i * count + at] = value; }
 };
 
-// Unit j of row b at step t from its gates (pre: input projection + product), the step's outputs,
-// h itself after the launch's last step, and h_t handed to the team's buffer `next` (a row past
-// its length keeps its state: h_{t-1}, read from `h`).
+// Unit j of row b at step `step` from its gates (pre: input projection + product) and its cell
+// before the step, the step's outputs, h itself after the launch's last step, and h_t handed to
+// the team's buffer `next` (a row past its length keeps its state: h_{t-1}, read from `h`, and the
+// cell, written out at the sequence's first step, which read it from c0).
 template <typename scalar_t, typename Team>
 __device__ __forceinline__ void finish_unit(const ForwardParams<scalar_t>& p, const Team& team, int next,
-                                            const scalar_t* h, int64_t b, int64_t j, int64_t t, bool last,
+                                            const scalar_t* h, int64_t b, int64_t j, const StepAt& step,
                                             opmath_type<scalar_t> pre_i, opmath_type<scalar_t> pre_o,
                                             opmath_type<scalar_t> pre_z, opmath_type<scalar_t> cell) {
   using opmath_t = opmath_type<scalar_t>;
-  const int64_t S = p.state_size, BS = p.batch * S, at = b * S + j;
+  const int64_t S = p.state_size, BS = p.batch * S, at = b * S + j, t = step.t;
   if (p.store_gates) {  // the saved pre-activation gates, as the per-step path's GEMM leaves them
     scalar_t* const g = p.gates + ((t - p.first_step) * p.batch + b) * 3 * S;
     g[j] = scalar_t(pre_i);
@@ -419,12 +438,14 @@ __device__ __forceinline__ void finish_unit(const ForwardParams<scalar_t>& p, co
     p.cell[at] = result.cell;
     new_h = out = scalar_t(result.h);
     tanh_c = scalar_t(result.tanh_cell);
+  } else if (step.first) {
+    p.cell[at] = cell;
   }
   p.output[t * BS + at] = out;
   if (p.tanh_cell != nullptr) {
     p.tanh_cell[t * BS + at] = tanh_c;
   }
-  if (last) {
+  if (step.last) {
     p.h[at] = new_h;
   }
   team.publish(next, b * team.ldh + j, new_h);
@@ -433,30 +454,30 @@ __device__ __forceinline__ void finish_unit(const ForwardParams<scalar_t>& p, co
 // finish_unit for each row of a tile.
 template <typename scalar_t, typename Team>
 __device__ __forceinline__ void finish_tile(const ForwardParams<scalar_t>& p, const Team& team, int next,
-                                            const scalar_t* h, int64_t b0, int64_t j, int64_t t, bool last,
+                                            const scalar_t* h, int64_t b0, int64_t j, const StepAt& step,
                                             const TileInputs<opmath_type<scalar_t>>& in,
                                             const opmath_type<scalar_t> (&acc)[3][kRows]) {
   for (int r = 0; r < kRows && b0 + r < p.batch; ++r) {
-    finish_unit(p, team, next, h, b0 + r, j, t, last, in.pre[0][r] + acc[0][r], in.pre[1][r] + acc[1][r],
+    finish_unit(p, team, next, h, b0 + r, j, step, in.pre[0][r] + acc[0][r], in.pre[1][r] + acc[1][r],
                 in.pre[2][r] + acc[2][r], in.cell[r]);
   }
 }
 
 // The forward's time loop, steps k_begin..k_end-1, on either team: block `rank` computes its units
-// of every row each step from h_{t-1} (step(t, h, next, last): the product and the cells) and
-// hands its slice of h_t to the others; one team barrier a step.  h is double-buffered: a block
-// writes the buffer the others read only the step after, and the barrier orders the two.
-template <typename scalar_t, typename Team, typename Step>
+// of every row each step from h_{t-1} (run(step, h, next): the product and the cells) and hands
+// its slice of h_t to the others; one team barrier a step.  h is double-buffered: a block writes
+// the buffer the others read only the step after, and the barrier orders the two.
+template <typename scalar_t, typename Team, typename Run>
 __device__ __forceinline__ void forward_loop(const ForwardParams<scalar_t>& p, const Team& team, Units units,
-                                             Step&& step) {
-  team.start(p.h, units);
+                                             Run&& run) {
+  team.start(p.h0 != nullptr ? p.h0 : p.h, units);
   // Every block's W_h and h in place, and every block started, before any block writes another's buffer.
   team.sync();
   for (int64_t k = p.k_begin; k < p.k_end; ++k) {
-    const int64_t t = p.reverse ? p.steps - 1 - k : k;
+    const StepAt step{p.reverse ? p.steps - 1 - k : k, k == p.k_begin && p.c0 != nullptr, k == p.k_end - 1};
     const int current = int((k - p.k_begin) & 1);
     const int next = 1 - current;  // double-buffered: others may still read `current` this step
-    step(t, team.buffer(current), next, k == p.k_end - 1);
+    run(step, team.buffer(current), next);
     // h_t complete in every block before any reads it; and no block leaves while others write to it.
     team.sync();
   }
@@ -466,16 +487,16 @@ __device__ __forceinline__ void forward_loop(const ForwardParams<scalar_t>& p, c
 template <typename scalar_t, typename Team>
 __device__ __forceinline__ void ffma_forward_step(const ForwardParams<scalar_t>& p, const Team& team,
                                                   const BlockRows<scalar_t>& w, Units units, const Tiling& tiles,
-                                                  float* partials, int64_t t, const scalar_t* h, int next, bool last) {
+                                                  float* partials, const StepAt& step, const scalar_t* h, int next) {
   using opmath_t = opmath_type<scalar_t>;
   if (tiles.splits == 1) {
     for (int64_t tile = threadIdx.x; tile < tiles.tiles; tile += blockDim.x) {
       const int64_t u = tile % w.n_max, b0 = tile / w.n_max * kRows;
       if (u < units.count) {
-        const TileInputs<opmath_t> in = tile_inputs(p, b0, units.first + u, t);
+        const TileInputs<opmath_t> in = tile_inputs(p, b0, units.first + u, step);
         opmath_t acc[3][kRows] = {};
         gate_sums(acc, w, u, h, team.ldh, b0, p.batch, 0, tiles.depth);
-        finish_tile(p, team, next, h, b0, units.first + u, t, last, in, acc);
+        finish_tile(p, team, next, h, b0, units.first + u, step, in, acc);
       }
     }
   } else {  // one (tile, slice) a thread at most
@@ -486,7 +507,7 @@ __device__ __forceinline__ void ffma_forward_step(const ForwardParams<scalar_t>&
     TileInputs<opmath_t> in{};
     if (mine) {
       if (slice == 0) {
-        in = tile_inputs(p, b0, units.first + u, t);
+        in = tile_inputs(p, b0, units.first + u, step);
       }
       gate_sums(acc, w, u, h, team.ldh, b0, p.batch, tiles.begin(slice), tiles.begin(slice + 1));
       if (slice > 0) {
@@ -496,7 +517,7 @@ __device__ __forceinline__ void ffma_forward_step(const ForwardParams<scalar_t>&
     rt::sync_threads();  // every slice's sums in shared memory before slice 0 adds them
     if (mine && slice == 0) {
       tiles.add(partials, tile, &acc[0][0], 3 * kRows);
-      finish_tile(p, team, next, h, b0, units.first + u, t, last, in, acc);
+      finish_tile(p, team, next, h, b0, units.first + u, step, in, acc);
     }
   }
 }
@@ -507,8 +528,8 @@ __device__ __forceinline__ void ffma_forward(const ForwardParams<scalar_t>& p, c
   const Units units = units_of(p.state_size, team.rank(), team.blocks());
   const BlockRows<scalar_t> w = load_w_h(p.weights, p.ld, p.state_size, units, team.blocks());
   const Tiling tiles = forward_tiling(p.batch, p.state_size, team.blocks(), sizeof(scalar_t), blockDim.x);
-  forward_loop(p, team, units, [&](int64_t t, const scalar_t* h, int next, bool last) {
-    ffma_forward_step(p, team, w, units, tiles, partials, t, h, next, last);
+  forward_loop(p, team, units, [&](const StepAt& step, const scalar_t* h, int next) {
+    ffma_forward_step(p, team, w, units, tiles, partials, step, h, next);
   });
 }
 
@@ -611,15 +632,15 @@ __global__ void persistent_grid_forward_mma_kernel(ForwardParams<scalar_t> p, sc
   float* const sums = reinterpret_cast<float*>(rt::dynamic_shared<unsigned char>() + w_rows * ldh * int64_t(sizeof(scalar_t)));
   const int64_t buffer_rows = gridDim.x / unit_groups * share.rows;
   const GridTeam<scalar_t> team{exchange, buffer_rows * ldh, ldh, S, p.batch, share.row0, share.own};
-  forward_loop(p, team, units, [&](int64_t t, const scalar_t* h, int next, bool last) {
+  forward_loop(p, team, units, [&](const StepAt& step, const scalar_t* h, int next) {
     mma_product(sums, h + share.row0 * ldh, ldh, share.rows, w.w, w.ld, w_rows, round_up(S, kMmaTile));
     rt::sync_threads();  // the step's sums complete before the cells read them
     for (int64_t e = threadIdx.x; e < share.own * units.count; e += blockDim.x) {
       const int64_t r = e / units.count, b = share.row0 + r, u = e % units.count, j = units.first + u;
-      const scalar_t* const g = p.gates + ((t - p.first_step) * p.batch + b) * 3 * S;
+      const scalar_t* const g = p.gates + ((step.t - p.first_step) * p.batch + b) * 3 * S;
       const float* const sum = sums + r * w_rows + u;
-      finish_unit(p, team, next, h, b, j, t, last, opmath_t(g[j]) + sum[0], opmath_t(g[S + j]) + sum[w.n_max],
-                  opmath_t(g[2 * S + j]) + sum[2 * w.n_max], p.cell[b * S + j]);
+      finish_unit(p, team, next, h, b, j, step, opmath_t(g[j]) + sum[0], opmath_t(g[S + j]) + sum[w.n_max],
+                  opmath_t(g[2 * S + j]) + sum[2 * w.n_max], cell_before(p, b * S + j, step));
     }
   });
 }
@@ -639,11 +660,27 @@ struct BackwardParams {
   int64_t steps;
   bool reverse;
   int64_t batch, state_size;
+  // The gradients of h_n and c_n, read at the loop's first iteration: no copy kernels before it.
+  const scalar_t* grad_h_n;
+  const scalar_t* grad_c_n;
 };
 
-// Unit j of row b at step t, backward: the unit's d_gates (written out, and returned rounded to
-// scalar_t, as the per-step path's GEMM reads them) and the cell's gradient; grad_h holds the
-// gradient of h_t from the steps after t.
+// The gradient of h_t (of c_t) that element `at` (b S + j) has from the steps after t, at the
+// loop's k-th iteration: grad_h_n's (grad_c_n's) at the first.
+template <typename scalar_t>
+__device__ __forceinline__ opmath_type<scalar_t> grad_h_after(const BackwardParams<scalar_t>& p, int64_t at, int64_t k) {
+  return k == 0 ? opmath_type<scalar_t>(p.grad_h_n[at]) : p.grad_h[at];
+}
+template <typename scalar_t>
+__device__ __forceinline__ opmath_type<scalar_t> grad_cell_after(const BackwardParams<scalar_t>& p, int64_t at,
+                                                                 int64_t k) {
+  return k == 0 ? opmath_type<scalar_t>(p.grad_c_n[at]) : p.grad_cell[at];
+}
+
+// Unit j of row b at the loop's k-th iteration (step t), backward: the unit's d_gates (written
+// out, and returned rounded to scalar_t, as the per-step path's GEMM reads them) and the cell's
+// gradient (a row past its length keeps it: written out at the first iteration, which read it
+// from grad_c_n).
 template <typename scalar_t>
 struct UnitGrads {
   scalar_t d[3];
@@ -651,19 +688,21 @@ struct UnitGrads {
 
 template <typename scalar_t>
 __device__ __forceinline__ UnitGrads<scalar_t> backward_unit(const BackwardParams<scalar_t>& p, int64_t b, int64_t j,
-                                                            int64_t t) {
+                                                            int64_t t, int64_t k) {
   using opmath_t = opmath_type<scalar_t>;
   const int64_t S = p.state_size, BS = p.batch * S, at = b * S + j;
   const scalar_t* const g = p.gates + (t * p.batch + b) * 3 * S;
   UnitGrads<scalar_t> out{{scalar_t(0), scalar_t(0), scalar_t(0)}};
   if (takes_part(p.lengths, b, t)) {
-    const opmath_t grad_h_t = p.grad_h[at] + opmath_t(p.grad_output[t * BS + at]);
+    const opmath_t grad_h_t = grad_h_after(p, at, k) + opmath_t(p.grad_output[t * BS + at]);
     const auto grad = cell_backward<opmath_t>(opmath_t(g[j]), opmath_t(g[S + j]), opmath_t(g[2 * S + j]),
-                                              opmath_t(p.tanh_cell[t * BS + at]), grad_h_t, p.grad_cell[at]);
+                                              opmath_t(p.tanh_cell[t * BS + at]), grad_h_t, grad_cell_after(p, at, k));
     p.grad_cell[at] = grad.d_old_cell;
     out.d[0] = scalar_t(grad.d_i);
     out.d[1] = scalar_t(grad.d_o);
     out.d[2] = scalar_t(grad.d_z);
+  } else if (k == 0) {
+    p.grad_cell[at] = grad_cell_after(p, at, k);
   }
   for (int gate = 0; gate < 3; ++gate) {
     p.d_gates[(t * p.batch + b) * 3 * S + gate * S + j] = out.d[gate];
@@ -724,7 +763,7 @@ __global__ void persistent_backward_kernel(BackwardParams<scalar_t> p) {
     float* const partial = partial_s + (k & 1) * BS;  // double-buffered: peers may still sum the other
     for (int64_t e = threadIdx.x; e < mine; e += blockDim.x) {
       const int64_t b = e / units.count, u = e % units.count;
-      const UnitGrads<scalar_t> grads = backward_unit(p, b, units.first + u, t);
+      const UnitGrads<scalar_t> grads = backward_unit(p, b, units.first + u, t, k);
       for (int gate = 0; gate < 3; ++gate) {
         dg_s[(gate * w.n_max + u) * ldb + b] = float(grads.d[gate]);
       }
@@ -766,7 +805,7 @@ __global__ void persistent_backward_kernel(BackwardParams<scalar_t> p) {
       for (unsigned peer = 0; peer < kMostBlocks; ++peer) {
         from[peer] = peer < blocks ? rt::map_shared_rank(partial, peer)[at] : 0.f;
       }
-      opmath_t sum = takes_part(p.lengths, b, t) ? opmath_t(0) : p.grad_h[at];
+      opmath_t sum = takes_part(p.lengths, b, t) ? opmath_t(0) : grad_h_after(p, at, k);
 #pragma unroll
       for (unsigned peer = 0; peer < kMostBlocks; ++peer) {
         if (peer < blocks) {
@@ -793,14 +832,14 @@ __global__ void persistent_grid_backward_kernel(BackwardParams<scalar_t> p) {
   for (int64_t k = 0; k < p.steps; ++k) {
     const int64_t t = backward_step(p.steps, p.reverse, k);
     for (int64_t e = threadIdx.x; e < mine; e += blockDim.x) {
-      backward_unit(p, e / units.count, units.first + e % units.count, t);
+      backward_unit(p, e / units.count, units.first + e % units.count, t, k);
     }
     rt::grid_sync();  // every unit's d_gates of step t written before any block reads them
     for (int64_t e = threadIdx.x; e < mine; e += blockDim.x) {
       const int64_t b = e / units.count, j = units.first + e % units.count, at = b * S + j;
       const scalar_t* const d = p.d_gates + (t * p.batch + b) * 3 * S;
       // A row past its length keeps its gradient (its d_gates are zero).
-      opmath_t sum = takes_part(p.lengths, b, t) ? opmath_t(0) : p.grad_h[at];
+      opmath_t sum = takes_part(p.lengths, b, t) ? opmath_t(0) : grad_h_after(p, at, k);
       for (int64_t r = 0; r < 3 * S; ++r) {
         sum += opmath_t(d[r]) * opmath_t(p.weights[r * p.ld + j]);
       }
@@ -837,7 +876,7 @@ __global__ void persistent_grid_backward_mma_kernel(BackwardParams<scalar_t> p, 
     scalar_t* const d_gates = exchange + (k & 1) * count;
     for (int64_t e = threadIdx.x; e < mine; e += blockDim.x) {
       const int64_t b = share.row0 + e / units.count, j = units.first + e % units.count;
-      const UnitGrads<scalar_t> grads = backward_unit(p, b, j, t);
+      const UnitGrads<scalar_t> grads = backward_unit(p, b, j, t, k);
       for (int gate = 0; gate < 3; ++gate) {
         d_gates[b * ld + gate * S + j] = grads.d[gate];
       }
@@ -848,7 +887,7 @@ __global__ void persistent_grid_backward_mma_kernel(BackwardParams<scalar_t> p, 
     for (int64_t e = threadIdx.x; e < mine; e += blockDim.x) {
       const int64_t r = e / units.count, b = share.row0 + r, u = e % units.count, at = b * S + units.first + u;
       // A row past its length keeps its gradient (its d_gates are zero).
-      p.grad_h[at] = (takes_part(p.lengths, b, t) ? opmath_t(0) : p.grad_h[at]) + opmath_t(sums[r * columns + u]);
+      p.grad_h[at] = (takes_part(p.lengths, b, t) ? opmath_t(0) : grad_h_after(p, at, k)) + opmath_t(sums[r * columns + u]);
     }
   }
 }
@@ -1073,7 +1112,9 @@ void persistent_forward(const SequencePlan& plan, const PersistentForward& a) {
                                     a.cell.mutable_data_ptr<opmath_type<scalar_t>>(), a.output.mutable_data_ptr<scalar_t>(),
                                     a.tanh_cell.has_value() ? a.tanh_cell->mutable_data_ptr<scalar_t>() : nullptr,
                                     lengths_ptr(a.lengths), a.steps, a.k_begin, a.k_end, a.first_step, a.reverse,
-                                    a.store_gates, B, S};
+                                    a.store_gates, B, S,
+                                    a.k_begin == 0 ? a.h0.const_data_ptr<scalar_t>() : nullptr,
+                                    a.k_begin == 0 ? a.c0.const_data_ptr<scalar_t>() : nullptr};
     if (plan.grid) {
       // h's two buffers, rows padded as the product reads them (the kernel writes the padding)
       const int64_t batch_groups = plan.blocks / plan.unit_groups;
@@ -1110,7 +1151,8 @@ void persistent_backward(const SequencePlan& plan, const PersistentBackward& a) 
                                      a.grad_output.const_data_ptr<scalar_t>(), a.gates.const_data_ptr<scalar_t>(),
                                      a.tanh_cell.const_data_ptr<scalar_t>(), a.grad_h.mutable_data_ptr<opmath_t>(),
                                      a.grad_cell.mutable_data_ptr<opmath_t>(), a.d_gates.mutable_data_ptr<scalar_t>(),
-                                     lengths_ptr(a.lengths), T, a.reverse, B, S};
+                                     lengths_ptr(a.lengths), T, a.reverse, B, S, a.grad_h_n.const_data_ptr<scalar_t>(),
+                                     a.grad_c_n.const_data_ptr<scalar_t>()};
     if (plan.grid) {
       if constexpr (kTensorCores<scalar_t>) {
         // d_gates' two buffers, rows padded as the product reads them (the kernel writes the padding)

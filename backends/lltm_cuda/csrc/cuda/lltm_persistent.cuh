@@ -27,21 +27,25 @@ SequencePlan plan_sequence(int device, ScalarType dtype, int64_t batch, int64_t 
 
 // Steps k_begin..k_end-1 of the forward (step t = k, or T-1-k reversed) in one launch.  `gates`
 // holds the input projection of steps first_step.. (bias included) and leaves with the pre-activation
-// gates when store_gates; h (B, S) and cell (B, S, opmath) carry the state in and out.
+// gates when store_gates; h (B, S) and cell (B, S, opmath) carry the state out, and in: the launch
+// that starts the sequence (k_begin 0) reads it from h0 and c0 instead, so nothing copies them first.
 struct PersistentForward {
   Tensor weights, gates, h, cell, output;
   std::optional<Tensor> tanh_cell, lengths;
   int64_t steps, k_begin, k_end, first_step;
   bool reverse, store_gates;
+  Tensor h0, c0;
 };
 void persistent_forward(const SequencePlan& plan, const PersistentForward& args);
 
-// The whole backward time loop in one launch: d_gates (T, B, 3S) out; grad_h and grad_cell (B, S,
-// opmath) carry the gradients of h_n and c_n in and those of h0 and c0 out.
+// The whole backward time loop in one launch: d_gates (T, B, 3S) out; it reads the gradients of
+// h_n and c_n (contiguous) itself, and grad_h and grad_cell (B, S, opmath) carry the running
+// gradients and leave with those of h0 and c0.
 struct PersistentBackward {
   Tensor weights, grad_output, gates, tanh_cell, grad_h, grad_cell, d_gates;
   std::optional<Tensor> lengths;
   bool reverse;
+  Tensor grad_h_n, grad_c_n;
 };
 void persistent_backward(const SequencePlan& plan, const PersistentBackward& args);
 

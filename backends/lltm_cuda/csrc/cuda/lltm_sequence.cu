@@ -184,8 +184,12 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> lltm_sequence_forward_cuda(
   const Tensor gates = ops::empty({chunk, B, 3 * S}, dtype, input);
   const Tensor output = ops::empty({T, B, S}, dtype, input);
   const Tensor tanh_cell = needs_backward ? ops::empty({T, B, S}, dtype, input) : ops::empty({0}, dtype, input);
-  const Tensor h = ops::copy_as(h0, dtype);  // the running state; h_n when the loop ends
-  const Tensor cell = opmath_copy(c0);
+  const SequencePlan plan = plan_sequence(device, dtype, B, S);
+  // The running state; h_n and c_n when the loop ends.  The persistent kernels read h0 and c0 at
+  // the first step themselves: no copy kernels (each a kernel boundary) before their loop.
+  const bool state_in_kernel = plan.persistent && T > 0;
+  const Tensor h = state_in_kernel ? ops::empty({B, S}, dtype, input) : ops::copy_as(h0, dtype);
+  const Tensor cell = state_in_kernel ? ops::empty({B, S}, opmath_scalar_type(dtype), input) : opmath_copy(c0);
   const int64_t numel = B * S;
   const rt::Stream stream = rt::current_stream(device);
   // Projects the chunk of steps that starts at step k (in the order they run) into gates[0..n);
@@ -198,12 +202,11 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> lltm_sequence_forward_cuda(
     return first;
   };
 
-  const SequencePlan plan = plan_sequence(device, dtype, B, S);
   if (plan.persistent) {
     for (int64_t k = 0; k < T; k += chunk) {  // one launch for the whole loop when all steps are projected
       const int64_t first = project(k);
       persistent_forward(plan, {weights, gates, h, cell, output, needs_backward ? std::optional<Tensor>(tanh_cell) : std::nullopt,
-                                lengths, T, k, std::min(T, k + chunk), first, reverse, needs_backward});
+                                lengths, T, k, std::min(T, k + chunk), first, reverse, needs_backward, h0, c0});
     }
   } else {
     LLTM_CUDA_DISPATCH_FLOATING(dtype, op, [&] {
@@ -272,14 +275,17 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> lltm_sequence_backward_cuda(
   const Tensor w_h = ops::narrow(weights, 1, 0, S);  // (3S, S), strided: cuBLAS reads it as it is
   const Tensor d_gates = ops::empty_like(gates);
   const SequencePlan plan = plan_sequence(device, input.scalar_type(), B, S);
-  // running; grad_h0 when the loop ends (in float for the half types on the persistent path)
-  Tensor grad_h = plan.persistent ? opmath_copy(grad_h_n) : ops::copy_as(grad_h_n, grad_h_n.scalar_type());
-  const Tensor grad_cell = opmath_copy(grad_c_n);
+  // Running; grad_h0 and grad_c0 when the loop ends (in float for the half types on the persistent
+  // path, whose kernels read grad_h_n and grad_c_n themselves: no copy kernels before their loop).
+  const ScalarType opmath = opmath_scalar_type(input.scalar_type());
+  Tensor grad_h = plan.persistent ? ops::empty({B, S}, opmath, input) : ops::copy_as(grad_h_n, grad_h_n.scalar_type());
+  const Tensor grad_cell = plan.persistent ? ops::empty({B, S}, opmath, input) : opmath_copy(grad_c_n);
   const int64_t numel = B * S;
   const rt::Stream stream = rt::current_stream(device);
 
   if (plan.persistent) {
-    persistent_backward(plan, {weights, grad_output, gates, tanh_cell, grad_h, grad_cell, d_gates, lengths, reverse});
+    persistent_backward(plan, {weights, grad_output, gates, tanh_cell, grad_h, grad_cell, d_gates, lengths, reverse,
+                               ops::as_contiguous(grad_h_n), ops::as_contiguous(grad_c_n)});
     grad_h = as_dtype_of(grad_h, input);
   } else {
     LLTM_CUDA_DISPATCH_FLOATING(input.scalar_type(), op, [&] {
