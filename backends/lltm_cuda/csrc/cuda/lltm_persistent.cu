@@ -686,17 +686,31 @@ struct UnitGrads {
   scalar_t d[3];
 };
 
+// What the forward saved of unit j of row b at step t, and its output's gradient: backward_unit's
+// inputs from global memory, which a kernel may ask for a step ahead.
+template <typename scalar_t>
+struct UnitInputs {
+  scalar_t gates[3], tanh_cell, grad_output;
+};
+
+template <typename scalar_t>
+__device__ __forceinline__ UnitInputs<scalar_t> unit_inputs(const BackwardParams<scalar_t>& p, int64_t b, int64_t j,
+                                                            int64_t t) {
+  const int64_t S = p.state_size, at = t * p.batch * S + b * S + j;
+  const scalar_t* const g = p.gates + (t * p.batch + b) * 3 * S;
+  return {{g[j], g[S + j], g[2 * S + j]}, p.tanh_cell[at], p.grad_output[at]};
+}
+
 template <typename scalar_t>
 __device__ __forceinline__ UnitGrads<scalar_t> backward_unit(const BackwardParams<scalar_t>& p, int64_t b, int64_t j,
-                                                            int64_t t, int64_t k) {
+                                                            int64_t t, int64_t k, const UnitInputs<scalar_t>& in) {
   using opmath_t = opmath_type<scalar_t>;
-  const int64_t S = p.state_size, BS = p.batch * S, at = b * S + j;
-  const scalar_t* const g = p.gates + (t * p.batch + b) * 3 * S;
+  const int64_t S = p.state_size, at = b * S + j;
   UnitGrads<scalar_t> out{{scalar_t(0), scalar_t(0), scalar_t(0)}};
   if (takes_part(p.lengths, b, t)) {
-    const opmath_t grad_h_t = grad_h_after(p, at, k) + opmath_t(p.grad_output[t * BS + at]);
-    const auto grad = cell_backward<opmath_t>(opmath_t(g[j]), opmath_t(g[S + j]), opmath_t(g[2 * S + j]),
-                                              opmath_t(p.tanh_cell[t * BS + at]), grad_h_t, grad_cell_after(p, at, k));
+    const opmath_t grad_h_t = grad_h_after(p, at, k) + opmath_t(in.grad_output);
+    const auto grad = cell_backward<opmath_t>(opmath_t(in.gates[0]), opmath_t(in.gates[1]), opmath_t(in.gates[2]),
+                                              opmath_t(in.tanh_cell), grad_h_t, grad_cell_after(p, at, k));
     p.grad_cell[at] = grad.d_old_cell;
     out.d[0] = scalar_t(grad.d_i);
     out.d[1] = scalar_t(grad.d_o);
@@ -758,17 +772,30 @@ __global__ void persistent_backward_kernel(BackwardParams<scalar_t> p) {
   const int64_t groups = (S + kColumns - 1) / kColumns;
   rt::cluster_sync();
   const int64_t mine = p.batch * units.count;
+  // With one unit a thread at most (T64 B16 S128 over 8 blocks: 256 for 256 threads), a thread asks
+  // for its unit's next inputs before the step's product, so that their latency hides behind it.
+  const bool ahead = mine <= int64_t(blockDim.x);
+  const int64_t per_row = units.count > 0 ? units.count : 1;  // a forced cluster may leave a block no unit
+  const int64_t b_ahead = threadIdx.x / per_row, j_ahead = units.first + threadIdx.x % per_row;
+  UnitInputs<scalar_t> next{};
+  if (ahead && threadIdx.x < mine) {
+    next = unit_inputs(p, b_ahead, j_ahead, backward_step(p.steps, p.reverse, 0));
+  }
   for (int64_t k = 0; k < p.steps; ++k) {
     const int64_t t = backward_step(p.steps, p.reverse, k);
     float* const partial = partial_s + (k & 1) * BS;  // double-buffered: peers may still sum the other
     for (int64_t e = threadIdx.x; e < mine; e += blockDim.x) {
       const int64_t b = e / units.count, u = e % units.count;
-      const UnitGrads<scalar_t> grads = backward_unit(p, b, units.first + u, t, k);
+      const UnitInputs<scalar_t> in = ahead ? next : unit_inputs(p, b, units.first + u, t);
+      const UnitGrads<scalar_t> grads = backward_unit(p, b, units.first + u, t, k, in);
       for (int gate = 0; gate < 3; ++gate) {
         dg_s[(gate * w.n_max + u) * ldb + b] = float(grads.d[gate]);
       }
     }
     rt::sync_threads();  // every unit's d_gates in dg_s before the partial product reads them
+    if (ahead && threadIdx.x < mine && k + 1 < p.steps) {
+      next = unit_inputs(p, b_ahead, j_ahead, backward_step(p.steps, p.reverse, k + 1));
+    }
     // A tile of the partial d_h: one (tile, slice) a thread where the rows of W_h are split, else
     // every tile whole, a thread's tiles blockDim apart.
     for (int64_t work = threadIdx.x; work < (tiles.splits == 1 ? tiles.tiles : int64_t(blockDim.x));
@@ -832,7 +859,8 @@ __global__ void persistent_grid_backward_kernel(BackwardParams<scalar_t> p) {
   for (int64_t k = 0; k < p.steps; ++k) {
     const int64_t t = backward_step(p.steps, p.reverse, k);
     for (int64_t e = threadIdx.x; e < mine; e += blockDim.x) {
-      backward_unit(p, e / units.count, units.first + e % units.count, t, k);
+      const int64_t b = e / units.count, j = units.first + e % units.count;
+      backward_unit(p, b, j, t, k, unit_inputs(p, b, j, t));
     }
     rt::grid_sync();  // every unit's d_gates of step t written before any block reads them
     for (int64_t e = threadIdx.x; e < mine; e += blockDim.x) {
@@ -876,7 +904,7 @@ __global__ void persistent_grid_backward_mma_kernel(BackwardParams<scalar_t> p, 
     scalar_t* const d_gates = exchange + (k & 1) * count;
     for (int64_t e = threadIdx.x; e < mine; e += blockDim.x) {
       const int64_t b = share.row0 + e / units.count, j = units.first + e % units.count;
-      const UnitGrads<scalar_t> grads = backward_unit(p, b, j, t, k);
+      const UnitGrads<scalar_t> grads = backward_unit(p, b, j, t, k, unit_inputs(p, b, j, t));
       for (int gate = 0; gate < 3; ++gate) {
         d_gates[b * ld + gate * S + j] = grads.d[gate];
       }
