@@ -96,32 +96,31 @@ _GPU_BLOCK_CASES = [("persistent", 8, 3, 16, 5, 128), ("persistent", 1, 3, 64, 3
                     ("grid", 0, 4, 5, 3, 37), ("grid", 0, 3, 40, 3, 70), ("grid", 0, 2, 150, 3, 21)]
 
 
+def _in_a_child(script: str, **settings: str) -> str:
+    """Runs `script` in a child with these emulator settings (read once per process), after a
+    prelude that imports os, sys, torch and this file as `t` and seeds torch as this test is seeded;
+    asserts it succeeds and returns its stdout."""
+    prelude = ("import os, sys, torch\n"
+               f"sys.path.insert(0, {os.path.dirname(__file__)!r})\n"
+               "import test_persistent as t\n"
+               "torch.manual_seed(int(sys.argv[1]))\n")
+    env = {**os.environ, **settings}
+    run = subprocess.run([sys.executable, "-c", prelude + script, str(torch.initial_seed() % 2**31)],
+                         capture_output=True, text=True, env=env, timeout=600)
+    assert run.returncode == 0, run.stdout + run.stderr
+    return run.stdout
+
+
 def test_at_a_gpus_block_size_the_tiles_match_the_reference():
     """The persistent kernels' products at 256 threads a block, as on a GPU, in a child that reads
     its own emulator settings: each case of _GPU_BLOCK_CASES, three dtypes, against the reference."""
-    script = (
-        "import os, sys, torch\n"
-        f"sys.path.insert(0, {os.path.dirname(__file__)!r})\n"
-        "import test_persistent as t\n"
-        "torch.manual_seed(int(sys.argv[1]))\n"
-        "for path, cluster, *sizes in t._GPU_BLOCK_CASES:\n"
-        "    os.environ.update(LLTM_CUDA_SEQUENCE=path, LLTM_CUDA_CLUSTER=str(cluster))\n"
-        "    for dtype in (torch.float32, torch.bfloat16, torch.float16):\n"
-        "        t._matches_the_reference(dtype, f'{path} {cluster} {sizes}', tuple(sizes))\n"
-        "print('matched', len(t._GPU_BLOCK_CASES) * 3)\n")
-    env = {**os.environ, "LLTM_CUDA_EMULATE_THREADS_PER_BLOCK": "256"}
-    run = subprocess.run([sys.executable, "-c", script, str(torch.initial_seed() % 2**31)], capture_output=True,
-                         text=True, env=env, timeout=600)
-    assert run.returncode == 0 and f"matched {len(_GPU_BLOCK_CASES) * 3}" in run.stdout, run.stdout + run.stderr
-
-
-def _in_a_child(script: str, **settings: str) -> str:
-    """Runs `script` in a child with these emulator settings (read once per process); its stdout."""
-    env = {**os.environ, **settings}
-    run = subprocess.run([sys.executable, "-c", script, str(torch.initial_seed() % 2**31)], capture_output=True,
-                         text=True, env=env, timeout=600)
-    assert run.returncode == 0, run.stdout + run.stderr
-    return run.stdout
+    script = ("for path, cluster, *sizes in t._GPU_BLOCK_CASES:\n"
+              "    os.environ.update(LLTM_CUDA_SEQUENCE=path, LLTM_CUDA_CLUSTER=str(cluster))\n"
+              "    for dtype in (torch.float32, torch.bfloat16, torch.float16):\n"
+              "        t._matches_the_reference(dtype, f'{path} {cluster} {sizes}', tuple(sizes))\n"
+              "print('matched', len(t._GPU_BLOCK_CASES) * 3)\n")
+    out = _in_a_child(script, LLTM_CUDA_EMULATE_THREADS_PER_BLOCK="256")
+    assert f"matched {len(_GPU_BLOCK_CASES) * 3}" in out, out
 
 
 def test_on_the_tensor_cores_the_grid_splits_the_batch_and_the_units():
@@ -129,16 +128,11 @@ def test_on_the_tensor_cores_the_grid_splits_the_batch_and_the_units():
     H100-sized device, T64 B256 S1024 bfloat16 takes 32 groups of units (as few as shared memory
     allows) by 4 of the batch; on a 6-multiprocessor one, B40 S30 runs 2 by 3, the last batch group
     part padding, against the reference in both 16-bit types."""
-    ask = ("import torch, lltm_cuda_emulated as m, os\n"
-           "os.environ['LLTM_CUDA_SEQUENCE'] = 'grid'\n"
-           "print(*m.sequence_path(torch.bfloat16, {}, {})[1:], sep='|')\n")
-    blocks, why = _in_a_child(ask.format(256, 1024), LLTM_CUDA_EMULATE_MULTIPROCESSORS="132").strip().split("|")
+    ask = ("os.environ['LLTM_CUDA_SEQUENCE'] = 'grid'\n"
+           "print(*t.lltm_cuda_emulated.sequence_path(torch.bfloat16, 256, 1024)[1:], sep='|')\n")
+    blocks, why = _in_a_child(ask, LLTM_CUDA_EMULATE_MULTIPROCESSORS="132").strip().split("|")
     assert blocks == "128" and "the units split 32 ways, the batch 4" in why, why
     script = (
-        "import os, sys, torch\n"
-        f"sys.path.insert(0, {os.path.dirname(__file__)!r})\n"
-        "import test_persistent as t\n"
-        "torch.manual_seed(int(sys.argv[1]))\n"
         "os.environ['LLTM_CUDA_SEQUENCE'] = 'grid'\n"
         "print(*t.lltm_cuda_emulated.sequence_path(torch.bfloat16, 40, 30)[1:], sep='|')\n"
         "for dtype in (torch.bfloat16, torch.float16):\n"
