@@ -203,9 +203,10 @@ def test_inference_projects_in_chunks_and_keeps_the_state_across_launches(persis
     starting from the state the one before left."""
     persistent(2)
     os.environ["LLTM_CUDA_SEQUENCE"] = path  # the fixture restores it
-    # 2560 rows: two chunks (32 steps and 8).  Few steps: over hundreds, float32's rounding grows
-    # past the kit's bound on any path, the per-step one included.
-    inputs = make_sequence_inputs(40, 64, 2, 4, requires_grad=False)
+    # 2560 rows: two chunks (16 steps and 4).  Few steps: float32's rounding grows with them, and
+    # at T40 B64 it passed the kit's bound on every path, the per-step one included, for about one
+    # seed in twenty (at most 2.6e-05 over 60 seeds); here at most 5.3e-06.
+    inputs = make_sequence_inputs(20, 128, 2, 4, requires_grad=False)
     before = _launches()
     with torch.no_grad():
         got = lltm_core.lltm_sequence(*inputs, backend="cuda_emulated")
