@@ -160,26 +160,36 @@ def test_the_launch_count_does_not_grow_with_the_steps(persistent, path):
     assert _launches() - before == 2 * 7
 
 
-def _state_copies(path: str) -> int:
+def _state_copies(path: str, dtype: torch.dtype) -> int:
     """The copies of a (B, S) tensor that lltm-cuda's sequence operators make, forward and backward,
-    on `path`: each would be a kernel on a GPU (torch's profiler sees them here too)."""
+    on `path`, conversions to another dtype included: each would be a kernel on a GPU (torch's
+    profiler sees them here too)."""
     os.environ["LLTM_CUDA_SEQUENCE"] = path  # the fixture restores it
-    inputs = make_sequence_inputs(4, 3, 2, 8)
+    inputs = make_sequence_inputs(4, 3, 2, 8, dtype=dtype)
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True) as prof:
         out = lltm_core.lltm_sequence(*inputs, backend="cuda_emulated")
         torch.autograd.backward(out, [torch.randn_like(t) for t in out])
-    return sum(1 for e in prof.events() if e.name == "aten::copy_" and e.input_shapes[0] == [3, 8]
-               and e.cpu_parent is not None and e.cpu_parent.name.startswith("lltm_cuda::sequence_"))
+
+    def in_the_operators(event) -> bool:
+        while event is not None and not event.name.startswith("lltm_cuda::sequence_"):
+            event = event.cpu_parent
+        return event is not None
+
+    return sum(1 for e in prof.events() if e.name == "aten::copy_" and e.input_shapes[0] == [3, 8] and in_the_operators(e))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("path", ["persistent", "grid"])
-def test_the_persistent_kernels_read_the_initial_state_themselves(persistent, path):
+def test_the_persistent_kernels_read_and_write_the_state_themselves(persistent, path, dtype):
     """h0 and c0 forward, the gradients of h_n and c_n backward: read by the kernels at their first
-    step, not copied into the running buffers first (a copy is a kernel, and a kernel boundary, on a
-    GPU); the per-step path, for contrast, copies all four."""
+    step, not copied into the running buffers first; c_n forward, the gradients of h0 and c0
+    backward: written by the kernels at their last step in the input's dtype, not converted from
+    the float running state after them.  Each copy or conversion is a kernel, and a kernel
+    boundary, on a GPU.  The per-step path, for contrast, copies all four in, and in a 16-bit type
+    converts the two cells out."""
     persistent(2)
-    assert _state_copies(path) == 0
-    assert _state_copies("per-step") == 4
+    assert _state_copies(path, dtype) == 0
+    assert _state_copies("per-step", dtype) == (4 if dtype == torch.float32 else 6)
 
 
 @pytest.mark.parametrize("path", ["persistent", "grid"])

@@ -276,10 +276,11 @@ struct ForwardParams {
   // launches, which start from h and cell): no copy kernels before the loop.
   const scalar_t* h0;
   const scalar_t* c0;
+  scalar_t* c_n;  // the cell after the launch's last step, in scalar_t (`cell` itself for float)
 };
 
 // Where a step of the loop stands: its time step t; whether it is the first of the sequence (its
-// state then comes from h0 and c0), the last of the launch (h is written out then).
+// state then comes from h0 and c0), the last of the launch (h and c_n are written out then).
 struct StepAt {
   int64_t t;
   bool first, last;
@@ -433,9 +434,10 @@ __device__ __forceinline__ void finish_unit(const ForwardParams<scalar_t>& p, co
     g[2 * S + j] = scalar_t(pre_z);
   }
   scalar_t new_h = h[b * team.ldh + j], out = scalar_t(0), tanh_c = scalar_t(0);
+  opmath_t new_cell = cell;
   if (takes_part(p.lengths, b, t)) {
     const auto result = cell_forward<opmath_t>(pre_i, pre_o, pre_z, cell);
-    p.cell[at] = result.cell;
+    new_cell = p.cell[at] = result.cell;
     new_h = out = scalar_t(result.h);
     tanh_c = scalar_t(result.tanh_cell);
   } else if (step.first) {
@@ -447,6 +449,7 @@ __device__ __forceinline__ void finish_unit(const ForwardParams<scalar_t>& p, co
   }
   if (step.last) {
     p.h[at] = new_h;
+    p.c_n[at] = scalar_t(new_cell);
   }
   team.publish(next, b * team.ldh + j, new_h);
 }
@@ -663,6 +666,10 @@ struct BackwardParams {
   // The gradients of h_n and c_n, read at the loop's first iteration: no copy kernels before it.
   const scalar_t* grad_h_n;
   const scalar_t* grad_c_n;
+  // The gradients of h0 and c0 in scalar_t, written at the last iteration (grad_h and grad_cell
+  // themselves for float): no conversion kernels after the loop.
+  scalar_t* grad_h0;
+  scalar_t* grad_c0;
 };
 
 // The gradient of h_t (of c_t) that element `at` (b S + j) has from the steps after t, at the
@@ -675,6 +682,17 @@ template <typename scalar_t>
 __device__ __forceinline__ opmath_type<scalar_t> grad_cell_after(const BackwardParams<scalar_t>& p, int64_t at,
                                                                  int64_t k) {
   return k == 0 ? opmath_type<scalar_t>(p.grad_c_n[at]) : p.grad_cell[at];
+}
+
+// Element `at`'s gradient of h_{t-1} after the loop's k-th iteration: the running one, and at the
+// last iteration the gradient of h0.
+template <typename scalar_t>
+__device__ __forceinline__ void store_grad_h(const BackwardParams<scalar_t>& p, int64_t at, int64_t k,
+                                             opmath_type<scalar_t> value) {
+  p.grad_h[at] = value;
+  if (k == p.steps - 1) {
+    p.grad_h0[at] = scalar_t(value);
+  }
 }
 
 // Unit j of row b at the loop's k-th iteration (step t), backward: the unit's d_gates (written
@@ -707,16 +725,20 @@ __device__ __forceinline__ UnitGrads<scalar_t> backward_unit(const BackwardParam
   using opmath_t = opmath_type<scalar_t>;
   const int64_t S = p.state_size, at = b * S + j;
   UnitGrads<scalar_t> out{{scalar_t(0), scalar_t(0), scalar_t(0)}};
+  opmath_t grad_cell = grad_cell_after(p, at, k);
   if (takes_part(p.lengths, b, t)) {
     const opmath_t grad_h_t = grad_h_after(p, at, k) + opmath_t(in.grad_output);
     const auto grad = cell_backward<opmath_t>(opmath_t(in.gates[0]), opmath_t(in.gates[1]), opmath_t(in.gates[2]),
-                                              opmath_t(in.tanh_cell), grad_h_t, grad_cell_after(p, at, k));
-    p.grad_cell[at] = grad.d_old_cell;
+                                              opmath_t(in.tanh_cell), grad_h_t, grad_cell);
+    grad_cell = p.grad_cell[at] = grad.d_old_cell;
     out.d[0] = scalar_t(grad.d_i);
     out.d[1] = scalar_t(grad.d_o);
     out.d[2] = scalar_t(grad.d_z);
   } else if (k == 0) {
-    p.grad_cell[at] = grad_cell_after(p, at, k);
+    p.grad_cell[at] = grad_cell;
+  }
+  if (k == p.steps - 1) {
+    p.grad_c0[at] = scalar_t(grad_cell);
   }
   for (int gate = 0; gate < 3; ++gate) {
     p.d_gates[(t * p.batch + b) * 3 * S + gate * S + j] = out.d[gate];
@@ -839,7 +861,7 @@ __global__ void persistent_backward_kernel(BackwardParams<scalar_t> p) {
           sum += opmath_t(from[peer]);
         }
       }
-      p.grad_h[at] = sum;
+      store_grad_h(p, at, k, sum);
     }
   }
   rt::cluster_sync();  // no block leaves while a peer still sums its last partial
@@ -871,7 +893,7 @@ __global__ void persistent_grid_backward_kernel(BackwardParams<scalar_t> p) {
       for (int64_t r = 0; r < 3 * S; ++r) {
         sum += opmath_t(d[r]) * opmath_t(p.weights[r * p.ld + j]);
       }
-      p.grad_h[at] = sum;
+      store_grad_h(p, at, k, sum);
     }
   }
 }
@@ -915,7 +937,7 @@ __global__ void persistent_grid_backward_mma_kernel(BackwardParams<scalar_t> p, 
     for (int64_t e = threadIdx.x; e < mine; e += blockDim.x) {
       const int64_t r = e / units.count, b = share.row0 + r, u = e % units.count, at = b * S + units.first + u;
       // A row past its length keeps its gradient (its d_gates are zero).
-      p.grad_h[at] = (takes_part(p.lengths, b, t) ? opmath_t(0) : grad_h_after(p, at, k)) + opmath_t(sums[r * columns + u]);
+      store_grad_h(p, at, k, (takes_part(p.lengths, b, t) ? opmath_t(0) : grad_h_after(p, at, k)) + opmath_t(sums[r * columns + u]));
     }
   }
 }
@@ -1142,7 +1164,8 @@ void persistent_forward(const SequencePlan& plan, const PersistentForward& a) {
                                     lengths_ptr(a.lengths), a.steps, a.k_begin, a.k_end, a.first_step, a.reverse,
                                     a.store_gates, B, S,
                                     a.k_begin == 0 ? a.h0.const_data_ptr<scalar_t>() : nullptr,
-                                    a.k_begin == 0 ? a.c0.const_data_ptr<scalar_t>() : nullptr};
+                                    a.k_begin == 0 ? a.c0.const_data_ptr<scalar_t>() : nullptr,
+                                    a.c_n.mutable_data_ptr<scalar_t>()};
     if (plan.grid) {
       // h's two buffers, rows padded as the product reads them (the kernel writes the padding)
       const int64_t batch_groups = plan.blocks / plan.unit_groups;
@@ -1180,7 +1203,8 @@ void persistent_backward(const SequencePlan& plan, const PersistentBackward& a) 
                                      a.tanh_cell.const_data_ptr<scalar_t>(), a.grad_h.mutable_data_ptr<opmath_t>(),
                                      a.grad_cell.mutable_data_ptr<opmath_t>(), a.d_gates.mutable_data_ptr<scalar_t>(),
                                      lengths_ptr(a.lengths), T, a.reverse, B, S, a.grad_h_n.const_data_ptr<scalar_t>(),
-                                     a.grad_c_n.const_data_ptr<scalar_t>()};
+                                     a.grad_c_n.const_data_ptr<scalar_t>(), a.grad_h0.mutable_data_ptr<scalar_t>(),
+                                     a.grad_c0.mutable_data_ptr<scalar_t>()};
     if (plan.grid) {
       if constexpr (kTensorCores<scalar_t>) {
         // d_gates' two buffers, rows padded as the product reads them (the kernel writes the padding)

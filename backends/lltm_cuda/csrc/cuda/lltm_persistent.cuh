@@ -29,23 +29,26 @@ SequencePlan plan_sequence(int device, ScalarType dtype, int64_t batch, int64_t 
 // holds the input projection of steps first_step.. (bias included) and leaves with the pre-activation
 // gates when store_gates; h (B, S) and cell (B, S, opmath) carry the state out, and in: the launch
 // that starts the sequence (k_begin 0) reads it from h0 and c0 instead, so nothing copies them first.
+// c_n (B, S) gets the cell after the launch's last step in the input's dtype (it may be `cell`
+// itself, in float32), so nothing converts it after.
 struct PersistentForward {
   Tensor weights, gates, h, cell, output;
   std::optional<Tensor> tanh_cell, lengths;
   int64_t steps, k_begin, k_end, first_step;
   bool reverse, store_gates;
-  Tensor h0, c0;
+  Tensor h0, c0, c_n;
 };
 void persistent_forward(const SequencePlan& plan, const PersistentForward& args);
 
 // The whole backward time loop in one launch: d_gates (T, B, 3S) out; it reads the gradients of
-// h_n and c_n (contiguous) itself, and grad_h and grad_cell (B, S, opmath) carry the running
-// gradients and leave with those of h0 and c0.
+// h_n and c_n (contiguous) itself, grad_h and grad_cell (B, S, opmath) carry the running
+// gradients, and grad_h0 and grad_c0 (B, S) get those of h0 and c0 in the input's dtype at the last
+// step (they may be grad_h and grad_cell themselves, in float32), so nothing converts them after.
 struct PersistentBackward {
   Tensor weights, grad_output, gates, tanh_cell, grad_h, grad_cell, d_gates;
   std::optional<Tensor> lengths;
   bool reverse;
-  Tensor grad_h_n, grad_c_n;
+  Tensor grad_h_n, grad_c_n, grad_h0, grad_c0;
 };
 void persistent_backward(const SequencePlan& plan, const PersistentBackward& args);
 

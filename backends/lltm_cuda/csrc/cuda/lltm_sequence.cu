@@ -190,6 +190,9 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> lltm_sequence_forward_cuda(
   const bool state_in_kernel = plan.persistent && T > 0;
   const Tensor h = state_in_kernel ? ops::empty({B, S}, dtype, input) : ops::copy_as(h0, dtype);
   const Tensor cell = state_in_kernel ? ops::empty({B, S}, opmath_scalar_type(dtype), input) : opmath_copy(c0);
+  // c_n in the input's dtype: the persistent kernels write it at their last step (in float32 it is
+  // the running cell itself); the per-step path rounds the cell once, after its loop.
+  const Tensor c_n = state_in_kernel && cell.scalar_type() != dtype ? ops::empty({B, S}, dtype, input) : cell;
   const int64_t numel = B * S;
   const rt::Stream stream = rt::current_stream(device);
   // Projects the chunk of steps that starts at step k (in the order they run) into gates[0..n);
@@ -206,7 +209,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> lltm_sequence_forward_cuda(
     for (int64_t k = 0; k < T; k += chunk) {  // one launch for the whole loop when all steps are projected
       const int64_t first = project(k);
       persistent_forward(plan, {weights, gates, h, cell, output, needs_backward ? std::optional<Tensor>(tanh_cell) : std::nullopt,
-                                lengths, T, k, std::min(T, k + chunk), first, reverse, needs_backward, h0, c0});
+                                lengths, T, k, std::min(T, k + chunk), first, reverse, needs_backward, h0, c0, c_n});
     }
   } else {
     LLTM_CUDA_DISPATCH_FLOATING(dtype, op, [&] {
@@ -239,9 +242,9 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> lltm_sequence_forward_cuda(
     });
   }
   if (!needs_backward) {
-    return {output, h, as_dtype_of(cell, input), ops::empty({0}, dtype, input), tanh_cell};  // tanh_cell is empty too
+    return {output, h, as_dtype_of(c_n, input), ops::empty({0}, dtype, input), tanh_cell};  // tanh_cell is empty too
   }
-  return {output, h, as_dtype_of(cell, input), gates, tanh_cell};
+  return {output, h, as_dtype_of(c_n, input), gates, tanh_cell};
 }
 
 std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> lltm_sequence_backward_cuda(
@@ -275,18 +278,21 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> lltm_sequence_backward_cuda(
   const Tensor w_h = ops::narrow(weights, 1, 0, S);  // (3S, S), strided: cuBLAS reads it as it is
   const Tensor d_gates = ops::empty_like(gates);
   const SequencePlan plan = plan_sequence(device, input.scalar_type(), B, S);
-  // Running; grad_h0 and grad_c0 when the loop ends (in float for the half types on the persistent
-  // path, whose kernels read grad_h_n and grad_c_n themselves: no copy kernels before their loop).
-  const ScalarType opmath = opmath_scalar_type(input.scalar_type());
-  Tensor grad_h = plan.persistent ? ops::empty({B, S}, opmath, input) : ops::copy_as(grad_h_n, grad_h_n.scalar_type());
+  // Running; grad_h0 and grad_c0 when the loop ends.  The persistent kernels read grad_h_n and
+  // grad_c_n themselves (no copy kernels before their loop), run in float for the half types, and
+  // write grad_h0 and grad_c0 in the input's dtype at their last step (no conversion after it).
+  const ScalarType dtype = input.scalar_type(), opmath = opmath_scalar_type(dtype);
+  const Tensor grad_h = plan.persistent ? ops::empty({B, S}, opmath, input) : ops::copy_as(grad_h_n, dtype);
   const Tensor grad_cell = plan.persistent ? ops::empty({B, S}, opmath, input) : opmath_copy(grad_c_n);
+  const bool rounded_in_kernel = plan.persistent && opmath != dtype;
+  const Tensor grad_h0 = rounded_in_kernel ? ops::empty({B, S}, dtype, input) : grad_h;
+  const Tensor grad_c0 = rounded_in_kernel ? ops::empty({B, S}, dtype, input) : grad_cell;
   const int64_t numel = B * S;
   const rt::Stream stream = rt::current_stream(device);
 
   if (plan.persistent) {
     persistent_backward(plan, {weights, grad_output, gates, tanh_cell, grad_h, grad_cell, d_gates, lengths, reverse,
-                               ops::as_contiguous(grad_h_n), ops::as_contiguous(grad_c_n)});
-    grad_h = as_dtype_of(grad_h, input);
+                               ops::as_contiguous(grad_h_n), ops::as_contiguous(grad_c_n), grad_h0, grad_c0});
   } else {
     LLTM_CUDA_DISPATCH_FLOATING(input.scalar_type(), op, [&] {
       using opmath_t = opmath_type<scalar_t>;
@@ -343,7 +349,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> lltm_sequence_backward_cuda(
     rt::mm_out(grad_input, d_gates_2d, ops::narrow(weights, 1, S, I));
     grad_input = torch::stable::view(grad_input, {T, B, I});
   }
-  return {grad_input, grad_weights, ops::sum0(d_gates_2d), grad_h, as_dtype_of(grad_cell, input)};
+  return {grad_input, grad_weights, ops::sum0(d_gates_2d), grad_h0, as_dtype_of(grad_c0, input)};
 }
 
 }  // namespace
