@@ -12,6 +12,12 @@ The cell (``--part cell``), float32 with torch's default matmul precision
   each timed on the host.  Every input requires grad (an unrolled sequence).
   The candidates run interleaved, one step each per round, in one process, and
   a candidate's figure is the median over rounds, so drift hits all alike.
+  At B16 a call is a few µs of kernels, so these figures mostly time the host
+  and the synchronise; hence also:
+* Device time at B16 I32 S128 (CUDA events over back-to-back calls, gpu_measure's):
+  the forward with autograd recording, and the backward as torch.autograd.grad
+  of both outputs over one retained graph (fresh gradients each call, nothing
+  accumulated into .grad, so nothing to zero on either side).
 * Device time at the big size: the forward against the gate GEMM alone
   (CUDA events), and each fused pointwise kernel's bandwidth (counted bytes
   over its kernel time from the profiler) against a device-to-device copy.
@@ -63,8 +69,10 @@ SMALL = (16, 32, 128)  # (batch, input_features, state_size): the seed's size
 BIG = (4096, 1024, 2048)
 # candidate / baseline, "at most" or "at least" (bandwidths)
 TARGETS = {
-    "small forward": 0.25,
+    "small forward": 0.25,  # the seed's method: the tutorial's figures
     "small backward": 0.30,
+    "small forward, device time": 0.50,
+    "small backward, device time": 0.50,
     "big forward vs GEMM": 1.05,
     "pointwise bandwidth": 0.80,
 }
@@ -115,6 +123,48 @@ def seed_method(candidates: dict, size, rounds: int, warmup: int) -> dict:
     return {name: (timings.median(name, 0) * 1e6, timings.median(name, 1) * 1e6) for name in candidates}
 
 
+def device_method(candidates: dict, size) -> dict:
+    """{name: (forward us, backward us)}: device time per call (CUDA events over back-to-back calls,
+    gpu_measure.device_ms, the candidates interleaved).  The forward records autograd's graph as
+    training does; the backward is torch.autograd.grad of (new_h, new_cell) with respect to every
+    input and parameter over one graph kept for it, so each call makes fresh gradients and none is
+    accumulated into .grad."""
+    x, h, c = make_state(size)
+    upstream = [torch.randn_like(h), torch.randn_like(c)]
+    fns, candidates = {}, dict(candidates)
+    for name, model in list(candidates.items()):
+        inputs = (x, h, c, *model.parameters())
+        outputs = model(x, (h, c))
+        fns[f"{name} forward"] = lambda model=model: model(x, (h, c))
+        fns[f"{name} backward"] = lambda outputs=outputs, inputs=inputs: torch.autograd.grad(
+            outputs, inputs, upstream, retain_graph=True)
+        if name == "torch.compile":  # a compiler problem must not hide the other figures
+            try:
+                fns[f"{name} backward"]()
+            except Exception as exc:  # AOTAutograd's donated buffers refuse retain_graph: no device-time row
+                print(f"torch.compile's backward over a kept graph: {type(exc).__name__}: {exc}", file=sys.stderr)
+                del fns[f"{name} forward"], fns[f"{name} backward"], candidates[name]
+    ms = device_ms(fns)
+    return {name: (ms[f"{name} forward"] * 1e3, ms[f"{name} backward"] * 1e3) for name in candidates}
+
+
+def cell_rows(label: str, timings: dict, size, target_suffix: str = "") -> list[str]:
+    """The table's rows of one timing method: each step's times and lltm-cuda / eager, checked
+    against TARGETS at the small size."""
+    B, I, S = size
+    rows = []
+    for step, index in (("forward", 0), ("backward", 1)):
+        eager_us, cuda_us = timings["eager"][index], timings["lltm-cuda"][index]
+        compiled_us = f"{timings['torch.compile'][index]:.1f} us" if "torch.compile" in timings else "n/a"
+        ratio = cuda_us / eager_us
+        target = TARGETS.get(f"small {step}{target_suffix}") if size == SMALL else None
+        rows.append(
+            f"| B{B} I{I} S{S} | {step}{label} | {eager_us:.1f} us | {compiled_us} | {cuda_us:.1f} us | {ratio:.3f} "
+            f"| {f'<= {target}' if target else '-'} | {verdict(ratio, target) if target else '-'} |"
+        )
+    return rows
+
+
 def copy_bandwidth() -> float:
     """Bytes per second of a 1 GiB device-to-device copy, counting bytes read and written."""
     src = torch.randn(2**28, device="cuda")
@@ -154,7 +204,8 @@ def run(args) -> list[str]:
         f"GPU: {props.name} ({props.multi_processor_count} SMs), torch {torch.__version__} (CUDA {torch.version.cuda}), "
         f"lltm backend {backend.name!r}: {backend.description}",
         f"float32; TF32 matmul allowed: {torch.backends.cuda.matmul.allow_tf32}. Times are medians; "
-        f"seed method = host time per call with torch.cuda.synchronize() after forward and after backward.",
+        f"seed method = host time per call with torch.cuda.synchronize() after forward and after backward; "
+        f"device time = CUDA events over back-to-back calls (the backward: autograd.grad over a kept graph).",
         "",
         "| size | step | eager | torch.compile | lltm-cuda | lltm-cuda / eager | target | result |",
         "| --- | --- | --- | --- | --- | --- | --- | --- |",
@@ -178,16 +229,9 @@ def run(args) -> list[str]:
         print(f"B{B} I{I} S{S}: lltm-cuda vs eager, largest relative difference {error:.2e}", flush=True)
         if not error <= 1e-4:
             lines.append(f"| B{B} I{I} S{S} | agreement | | | {error:.2e} | | <= 1e-4 | FAIL |")
-        timings = seed_method(candidates, size, rounds, warmup)
-        for step, index in (("forward", 0), ("backward", 1)):
-            eager_us, cuda_us = timings["eager"][index], timings["lltm-cuda"][index]
-            compiled_us = f"{timings['torch.compile'][index]:.1f} us" if "torch.compile" in timings else "n/a"
-            ratio = cuda_us / eager_us
-            target = TARGETS.get(f"small {step}") if size == SMALL else None
-            lines.append(
-                f"| B{B} I{I} S{S} | {step} | {eager_us:.1f} us | {compiled_us} | {cuda_us:.1f} us | {ratio:.3f} "
-                f"| {f'<= {target}' if target else '-'} | {verdict(ratio, target) if target else '-'} |"
-            )
+        lines += cell_rows("", seed_method(candidates, size, rounds, warmup), size)
+        if size == SMALL:
+            lines += cell_rows(", device time", device_method(candidates, size), size, ", device time")
 
     x, h, c = make_state(BIG, requires_grad=False)
     weights, bias = make_weights(BIG)

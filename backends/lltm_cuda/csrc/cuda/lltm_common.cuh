@@ -348,9 +348,6 @@ inline Tensor narrow(Tensor t, int64_t dim, int64_t start, int64_t length) {
   return torch::stable::narrow(t, dim, start, length);
 }
 
-// dst[...] = src, dst a view into the tensor to fill.
-inline void copy_into(Tensor dst, const Tensor& src) { torch::stable::copy_(dst, src); }
-
 // The transpose of a matrix, as a view.
 inline Tensor t(const Tensor& m) {
   const int64_t sizes[] = {m.size(1), m.size(0)};

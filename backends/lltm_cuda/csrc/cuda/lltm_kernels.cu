@@ -1,7 +1,8 @@
 // CUDA implementations of lltm_cuda::forward and lltm_cuda::backward.
 //
 // Each direction is cuBLAS GEMMs (torch's own, through the stable C shim, so allow_tf32 and the
-// current stream are honoured) plus ONE fused pointwise kernel.
+// current stream are honoured) plus ONE fused pointwise kernel; the forward builds the GEMM's
+// operand X = [old_h | input] first, in one kernel of its own.
 //
 // What forward saves, and why: X = cat([old_h, input]) (grad_weights needs
 // it), the pre-activation gates (B, 3S) and tanh(new_cell) (B, S).  The gates
@@ -82,6 +83,19 @@ __global__ void lltm_backward_kernel(
   }
 }
 
+// X = [old_h | input], (B, S + I), in one launch rather than a copy for each column block: at a
+// small batch a kernel boundary costs more than the copy itself (benchmarks/results/h200.md).
+template <typename scalar_t>
+__global__ void concat_state_and_input_kernel(const scalar_t* __restrict__ old_h, const scalar_t* __restrict__ input,
+                                              scalar_t* __restrict__ X, int64_t numel, int64_t state_size,
+                                              int64_t input_features) {
+  const int64_t width = state_size + input_features, stride = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < numel; e += stride) {
+    const int64_t b = e / width, k = e % width;
+    X[e] = k < state_size ? old_h[b * state_size + k] : input[b * input_features + k - state_size];
+  }
+}
+
 std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> lltm_forward_cuda(
     Tensor input, Tensor weights, Tensor bias, Tensor old_h, Tensor old_cell) {
   constexpr const char* op = "lltm_cuda::forward";
@@ -97,12 +111,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> lltm_forward_cuda(
 
   const int32_t device = input.get_device_index();
   const rt::DeviceGuard device_guard(device);
-  // X = [old_h | input], written as its two column blocks.
   const Tensor X = ops::empty({batch, state_size + input.size(1)}, input.scalar_type(), input);
-  ops::copy_into(ops::narrow(X, 1, 0, state_size), old_h);
-  ops::copy_into(ops::narrow(X, 1, state_size, input.size(1)), input);
   const Tensor gates = ops::empty({batch, 3 * state_size}, input.scalar_type(), input);
-  rt::addmm_out(gates, bias, X, ops::t(weights));
   const Tensor new_h = ops::empty_like(old_cell);
   const Tensor new_cell = ops::empty_like(old_cell);
   const Tensor tanh_cell = ops::empty_like(old_cell);
@@ -110,6 +120,13 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> lltm_forward_cuda(
   const int64_t numel = old_cell.numel();
 
   LLTM_CUDA_DISPATCH_FLOATING(gates.scalar_type(), "lltm_cuda::forward", [&] {
+    if (X.numel() > 0) {
+      const auto concat = concat_state_and_input_kernel<scalar_t>;
+      rt::launch(concat, grid_size(concat, X.numel(), input.get_device()), rt::threads_per_block(), stream,
+                 old_h.const_data_ptr<scalar_t>(), input.const_data_ptr<scalar_t>(), X.mutable_data_ptr<scalar_t>(),
+                 X.numel(), state_size, input.size(1));
+    }
+    rt::addmm_out(gates, bias, X, ops::t(weights));
     launch_pointwise<scalar_t>(
         numel, state_size,
         {buffer(gates), buffer(old_cell), buffer(new_h), buffer(new_cell), buffer(tanh_cell)},
