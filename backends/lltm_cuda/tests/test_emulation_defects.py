@@ -129,6 +129,13 @@ DEFECTS = [
            fails=r".", must_fail=("bfloat16-full-forward", "bfloat16-lengths-reverse", "bfloat16-odd-sizes"),
            says=r"lltm_sequence on cuda_emulated, reverse=False, lengths=None: relative error above [0-9.e-]+ in "
                 r"\{'grad_input'", kit=tuple(GRID_MMA_KIT), env=tuple(GRID.items())),
+    # A tile's sums are stored lane by lane (as on a GPU, and so in the emulation): a thread that
+    # reads them before the block's barrier reads other lanes' shares from the step before.
+    Defect("grid-mma-sums-read-before-barrier", "lltm_persistent.cu",
+           "    rt::sync_threads();  // the step's sums complete before the cells read them\n", "",
+           fails=r".", must_fail=("bfloat16-full-forward", "bfloat16-lengths-reverse", "bfloat16-odd-sizes"),
+           says=r"lltm_sequence on cuda_emulated, reverse=False, lengths=None: relative error above [0-9.e-]+ in "
+                r"\{'output'", kit=tuple(GRID_MMA_KIT), env=tuple(GRID.items())),
 ]
 
 # Built as setup.py builds the emulated library: the same stable-ABI flags (its CXX_FLAGS).

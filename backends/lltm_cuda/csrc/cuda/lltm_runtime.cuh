@@ -536,6 +536,7 @@ inline bool any_sync(unsigned mask, bool predicate) { return ballot_sync(mask, p
 
 // The tensor cores' warp product (see the real build's): every lane holds the whole tile, where a
 // GPU spreads it over the warp; the kernels never touch a fragment's elements, so the two agree.
+// A store is spread over the lanes as on a GPU (mma_store).
 // Every call is a meeting of the warp's lanes (a lane that skips one is an error naming the
 // kernel, where a GPU's result would be undefined) and checks wmma's alignment rules.  The sums
 // add the products in k order, in float (a 16-bit product is exact there).
@@ -589,12 +590,14 @@ void mma(MmaSums& sums, const MmaA<T>& a, const MmaB<T>& b) {
     }
   }
 }
+// Each lane stores its share of the tile (every lanes-th element), as a GPU's lanes store their
+// fragments: a lane reading another's share before a barrier reads what was there before.
 inline void mma_store(float* p, const MmaSums& sums, unsigned ld) {
   mma_meet(p, ld, 4, "store");
-  for (int i = 0; i < kMmaTile; ++i) {
-    for (int j = 0; j < kMmaTile; ++j) {
-      p[i * ld + j] = sums.v[i][j];
-    }
+  const unsigned lane = threadIdx.x % emu::kWarpSize;
+  const unsigned lanes = std::min<unsigned>(emu::kWarpSize, blockDim.x - threadIdx.x / emu::kWarpSize * emu::kWarpSize);
+  for (unsigned e = lane; e < kMmaTile * kMmaTile; e += lanes) {
+    p[e / kMmaTile * ld + e % kMmaTile] = sums.v[e / kMmaTile][e % kMmaTile];
   }
 }
 
