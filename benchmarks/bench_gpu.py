@@ -197,10 +197,10 @@ def pointwise_kernel_us(size, calls: int = 20) -> dict:
     return times
 
 
-def run(args) -> list[str]:
+def cell_table_head() -> list[str]:
     backend = lltm_core.get_backend("cuda", device="cuda", dtype=torch.float32)  # raises with the reason
     props = torch.cuda.get_device_properties(0)
-    lines = [
+    return [
         f"GPU: {props.name} ({props.multi_processor_count} SMs), torch {torch.__version__} (CUDA {torch.version.cuda}), "
         f"lltm backend {backend.name!r}: {backend.description}",
         f"float32; TF32 matmul allowed: {torch.backends.cuda.matmul.allow_tf32}. Times are medians; "
@@ -210,6 +210,25 @@ def run(args) -> list[str]:
         "| size | step | eager | torch.compile | lltm-cuda | lltm-cuda / eager | target | result |",
         "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
+
+
+def run_cell_device() -> list[str]:
+    """The cell at the small size in device time alone, eager against lltm-cuda (no torch.compile,
+    no host timing): seconds, so gpu_check.sh runs it among its first steps."""
+    lines = cell_table_head()
+    B, I, S = SMALL
+    seed = SeedLLTM(I, S, device="cuda")
+    cuda = lltm_core.LLTM(I, S, backend="cuda", device="cuda")
+    cuda.load_state_dict(seed.state_dict())
+    error = check_agreement(cuda, seed, SMALL)
+    if not error <= 1e-4:
+        lines.append(f"| B{B} I{I} S{S} | agreement | | | {error:.2e} | | <= 1e-4 | FAIL |")
+    return lines + cell_rows(", device time", device_method({"eager": seed, "lltm-cuda": cuda}, SMALL), SMALL,
+                             ", device time")
+
+
+def run(args) -> list[str]:
+    lines = cell_table_head()
     for size, rounds, warmup in ((SMALL, args.rounds, 20), (BIG, max(args.rounds // 10, 5), 3)):
         B, I, S = size
         seed = SeedLLTM(I, S, device="cuda")
@@ -469,8 +488,9 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--markdown", metavar="PATH", help="also write the report to this Markdown file")
     parser.add_argument("--rounds", type=int, default=300, help="cell: timed rounds at the small size (a tenth at the big)")
-    parser.add_argument("--part", choices=("all", "cell", "sequence"), default="all",
-                        help="what to measure: the cell, the sequence, or both (default)")
+    parser.add_argument("--part", choices=("all", "cell", "sequence", "cell-device"), default="all",
+                        help="what to measure: the cell, the sequence, or both (default); cell-device: the "
+                             "small cell's device-time rows alone (seconds)")
     parser.add_argument("--sequence-rounds", type=int, default=10, help="sequence: timed rounds per candidate")
     parser.add_argument("--sequence-calls", type=int, default=10, help="sequence: back-to-back calls per round")
     args = parser.parse_args(argv)
@@ -482,6 +502,8 @@ def main(argv=None) -> int:
         lines = []
         if args.part in ("all", "cell"):
             lines += ["### The cell", ""] + run(args)
+        if args.part == "cell-device":
+            lines += ["### The cell at the small size, device time", ""] + run_cell_device()
         if args.part in ("all", "sequence"):
             lines += ([""] if lines else []) + ["### The sequence: lltm_sequence against nn.LSTM", ""]
             lines += run_sequence(args)

@@ -11,6 +11,7 @@
 #   3. lltm-cuda's sequence paths (cluster-persistent, grid-persistent, per step) against cuDNN's
 #      nn.LSTM, as ratios in one process (benchmarks/persistent_vs_cudnn.py): the measurement that
 #      decides whether the grid path should become the default where W_h does not fit a cluster;
+#      then the cell at B16 against eager PyTorch in device time (bench_gpu.py --part cell-device);
 #   4. the conformance kit with the persistent path forced (three dtypes), with the grid path
 #      forced (three dtypes), then with the default choice (four dtypes);
 #   5. compute-sanitizer racecheck and synccheck on a small sequence, over clusters and the
@@ -156,6 +157,9 @@ print(\"lltm-cuda built with torch\", b.TORCH_VERSION, \"for torch\", \".\".join
         || return 1
     step persistent-vs-cudnn 120 "$PYTHON" benchmarks/persistent_vs_cudnn.py \
         --markdown "$STEP_LOGS/bench_persistent.md" || true
+    # The cell's target in device time (seconds): the full cell benchmark comes last, if time is left.
+    step cell-device 45 "$PYTHON" benchmarks/bench_gpu.py --part cell-device \
+        --markdown "$STEP_LOGS/bench_cell_device.md" || true
     # The persistent path forced: every kit case it takes (not float64, nor S1031, whose W_h does not fit).
     LLTM_CUDA_SEQUENCE=persistent step kit-persistent 90 "$PYTHON" -m pytest -p no:cacheprovider -q -rs \
         --pyargs lltm_core.testing --lltm-backend cuda --lltm-device cuda --lltm-seed "$LLTM_SEED" \
@@ -283,11 +287,13 @@ report() {
         cat "$STEP_LOGS/boundary.md"
     fi
     local part
-    for part in persistent sequence cell triton; do
+    for part in persistent cell_device sequence cell triton; do
         if [[ -f $STEP_LOGS/bench_$part.md ]]; then
             echo
             if [[ $part == persistent ]]; then
                 echo "## lltm-cuda's sequence paths against cuDNN's nn.LSTM (benchmarks/persistent_vs_cudnn.py)"
+            elif [[ $part == cell_device ]]; then
+                echo "## The cell at B16 I32 S128 in device time (benchmarks/bench_gpu.py --part cell-device)"
             elif [[ $part == triton ]]; then
                 echo "## Benchmark: lltm-triton (benchmarks/bench_triton.py)"
             else
