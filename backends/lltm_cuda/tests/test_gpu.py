@@ -268,6 +268,22 @@ def _copies(run) -> int:
     return sum(e.count for e in prof.key_averages() if e.key == "aten::copy_")
 
 
+def test_cell_forward_builds_its_gemm_operand_in_one_kernel():
+    """X = [old_h | input] is written by a kernel of lltm-cuda's own (one launch), not by a copy for
+    each column block (two kernels): at a small batch a kernel boundary costs more than the work."""
+    x, weights, bias, old_h, old_cell = make_inputs(16, 32, 128, device=DEVICE, requires_grad=False)
+    forward = torch.ops.lltm_cuda.forward
+    from torch.profiler import ProfilerActivity, profile
+
+    X = forward(x, weights, bias, old_h, old_cell)[2]
+    assert torch.equal(X, torch.cat([old_h, x], dim=1))
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        forward(x, weights, bias, old_h, old_cell)
+    # Only the GEMM may copy: CPU ATen's addmm broadcasts the bias into its (B, 3S) output first.
+    copies = [e.input_shapes[0] for e in prof.events() if e.name == "aten::copy_"]
+    assert all(shape == [16, 3 * 128] for shape in copies), copies
+
+
 @pytest.mark.parametrize("with_lengths", [False, True], ids=["full", "lengths"])
 def test_sequence_copies_nothing_per_step(with_lengths):
     """Each step's GEMM writes its slice of gates (forward) and d_h (backward) as it is, and d_W's two
