@@ -15,6 +15,7 @@ device, cuBLAS's TF32, 2**31-element buffers in GPU memory) and skip there, sayi
 from __future__ import annotations
 
 import os
+import re
 
 import pytest
 import torch
@@ -306,6 +307,45 @@ def test_sequence_copies_nothing_per_step(with_lengths):
         assert n == counts[(2,) + key[1:]], counts
         if key[2] == "backward":
             assert n <= 2, counts
+
+
+def _device_profile(path: str, T: int):
+    """(lltm-cuda's own kernels by name, torch operators dispatched by name) of one forward+backward on
+    `path` at T steps (B8 I16 S32), from torch's profiler on the device."""
+    from collections import Counter
+
+    from torch.profiler import ProfilerActivity, profile
+
+    os.environ["LLTM_CUDA_SEQUENCE"] = path  # the caller's monkeypatch restores it
+    inputs = make_sequence_inputs(T, 8, 16, 32, device=DEVICE)
+    out = _sequence(*inputs)
+    grads = [torch.randn_like(t) for t in out]
+    torch.autograd.backward(out, grads)  # first calls: cuBLAS's handles, the occupancy queries
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        torch.autograd.backward(_sequence(*inputs), grads)
+        torch.cuda.synchronize()
+    # Demangled or not, a kernel's name holds its function's: persistent_*kernel, sequence_*_step_kernel.
+    found = (re.search(r"persistent_\w*?kernel|sequence_\w+?_step_kernel", e.name) for e in prof.events()
+             if e.device_type == torch.autograd.DeviceType.CUDA)
+    kernels = Counter(m.group(0) for m in found if m is not None)
+    operators = Counter(e.name for e in prof.events() if e.name.startswith("aten::"))
+    return kernels, operators
+
+
+@needs_gpu
+@pytest.mark.parametrize("path", ["persistent", "grid"])
+def test_persistent_paths_launch_as_many_kernels_at_any_length(monkeypatch, path):
+    """Issue 49's count on the device: a forward+backward on a persistent path runs each of
+    lltm-cuda's loop kernels once and dispatches the same torch operators (the GEMMs around the
+    loop) at 3 steps as at 33; the per-step path, for contrast, runs its step kernels once a step."""
+    monkeypatch.setenv("LLTM_CUDA_SEQUENCE", path)
+    short, long = _device_profile(path, 3), _device_profile(path, 33)
+    assert short == long, (short, long)
+    loops = {name: n for name, n in short[0].items() if name.startswith("persistent_")}
+    assert sorted(loops.values()) == [1, 1] and any("backward" in name for name in loops), short[0]
+    steps = _device_profile("per-step", 33)[0]
+    assert steps["sequence_forward_step_kernel"] == steps["sequence_backward_step_kernel"] == 33, steps
 
 
 @needs_gpu
