@@ -257,7 +257,8 @@ def cuda_emulated(session):
     every dtype lltm-cuda declares, the kit's sequence comparisons with each sequence path forced
     (the persistent kernel over clusters of 1, 2, 4 and 8 blocks, the cooperative grid, and per
     step), lltm-cuda's tests that need no device (the emulator's own, the launch count flat in T),
-    and the planted defects.
+    the planted defects, and the kit again on a build with AddressSanitizer (what compute-sanitizer's
+    memcheck would find: an access outside a tensor).
 
     Then torch in the same venv becomes the newer TORCH_CUDA (2.14.1) and the library built on
     TORCH_CPU (2.13.0) runs again, not rebuilt: the stable ABI's promise (one build for every torch
@@ -274,8 +275,9 @@ def cuda_emulated(session):
     seed = os.environ.get("LLTM_CUDA_EMULATE_SEED") or str(random.SystemRandom().randrange(2**31))
     session.log(f"emulated thread order: shuffled with seed {seed} (LLTM_CUDA_EMULATE_SEED={seed} repeats it)")
     # LLTM_CUDA_TEST_AOTI: the AOTInductor packages of its operators too (half a minute here).
+    # LLTM_CUDA_REQUIRE_ASAN: the kit under AddressSanitizer (test_emulation_asan.py) must run, not skip.
     session.env.update({**CUDA_EMULATION, "LLTM_CUDA_EMULATE_SEED": seed, "LLTM_CUDA_TEST_EMULATED": "1",
-                        "LLTM_CUDA_TEST_AOTI": "1"})
+                        "LLTM_CUDA_TEST_AOTI": "1", "LLTM_CUDA_REQUIRE_ASAN": "1"})
     session.run("lltm", "info")
     # The default choice: the persistent kernel over a cluster of 8 where W_h fits, per step elsewhere.
     _pytest(session, "--pyargs", "lltm_core.testing", "--lltm-backend", "cuda_emulated")

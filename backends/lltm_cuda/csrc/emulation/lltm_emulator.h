@@ -34,6 +34,9 @@
 #if !defined(__x86_64__)
 #include <ucontext.h>
 #endif
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
+#endif
 
 struct dim3 {
   unsigned int x = 1, y = 1, z = 1;
@@ -117,7 +120,14 @@ struct Stack {
   ~Stack() { munmap(base, kStackBytes); }
   Stack(const Stack&) = delete;
   Stack& operator=(const Stack&) = delete;
-  char* top() const { return base + kStackBytes; }
+  // The top of the stack for a new fiber.  Built with AddressSanitizer, the frames of the fiber
+  // that ran here before left their redzones poisoned: cleared, as a new thread's stack would be.
+  char* top() const {
+#if defined(__SANITIZE_ADDRESS__)
+    __asan_unpoison_memory_region(base + kGuardBytes, kStackBytes - kGuardBytes);
+#endif
+    return base + kStackBytes;
+  }
 };
 
 // ---- One launch ----------------------------------------------------------------------------------
