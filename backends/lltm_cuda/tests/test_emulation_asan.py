@@ -7,9 +7,9 @@ again with -fsanitize=address (every CUDA thread a fiber, as in the emulated bui
 cleared for ASan at each launch), and the kit's sequence comparisons run on it in a child with
 libasan preloaded, on each sequence path in the three dtypes the persistent kernels take, then the
 whole kit on the default path (the cell, float64 per step).  The child must pass and ASan must
-report nothing.  The grid's h buffers allocated one row of tiles short (a padded row missing)
-fails here with a heap-buffer-overflow in persistent_grid_forward_mma_kernel; the plain emulated
-build only crashes.
+report nothing.  The grid's h buffers allocated without the rows that pad the batch to whole tiles
+(B rows, not batch_groups * group_rows) fail here with a heap-buffer-overflow in
+persistent_grid_forward_mma_kernel; the plain emulated build only crashes.
 
 Runs on the emulated build (`nox -s cuda_emulated`, which sets LLTM_CUDA_REQUIRE_ASAN=1: a
 missing libasan is then an error); elsewhere it skips, saying so.
