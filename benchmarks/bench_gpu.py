@@ -212,28 +212,32 @@ def cell_table_head() -> list[str]:
     ]
 
 
-def run_cell_device() -> list[str]:
-    """The cell at the small size in device time alone, eager against lltm-cuda (no torch.compile,
-    no host timing): seconds, so gpu_check.sh runs it among its first steps."""
-    lines = cell_table_head()
-    B, I, S = SMALL
+def seed_and_cuda(size) -> tuple[torch.nn.Module, torch.nn.Module, list[str]]:
+    """The tutorial's module and lltm-cuda's LLTM with the same parameters at ``size``, and the
+    table's FAIL row if they disagree (none if they agree)."""
+    B, I, S = size
     seed = SeedLLTM(I, S, device="cuda")
     cuda = lltm_core.LLTM(I, S, backend="cuda", device="cuda")
     cuda.load_state_dict(seed.state_dict())
-    error = check_agreement(cuda, seed, SMALL)
-    if not error <= 1e-4:
-        lines.append(f"| B{B} I{I} S{S} | agreement | | | {error:.2e} | | <= 1e-4 | FAIL |")
-    return lines + cell_rows(", device time", device_method({"eager": seed, "lltm-cuda": cuda}, SMALL), SMALL,
-                             ", device time")
+    error = check_agreement(cuda, seed, size)
+    print(f"B{B} I{I} S{S}: lltm-cuda vs eager, largest relative difference {error:.2e}", flush=True)
+    return seed, cuda, [] if error <= 1e-4 else [f"| B{B} I{I} S{S} | agreement | | | {error:.2e} | | <= 1e-4 | FAIL |"]
+
+
+def run_cell_device() -> list[str]:
+    """The cell at the small size in device time alone, eager against lltm-cuda (no torch.compile,
+    no host timing): seconds, so gpu_check.sh runs it among its first steps."""
+    seed, cuda, disagreement = seed_and_cuda(SMALL)
+    timings = device_method({"eager": seed, "lltm-cuda": cuda}, SMALL)
+    return cell_table_head() + disagreement + cell_rows(", device time", timings, SMALL, ", device time")
 
 
 def run(args) -> list[str]:
     lines = cell_table_head()
     for size, rounds, warmup in ((SMALL, args.rounds, 20), (BIG, max(args.rounds // 10, 5), 3)):
         B, I, S = size
-        seed = SeedLLTM(I, S, device="cuda")
-        cuda = lltm_core.LLTM(I, S, backend="cuda", device="cuda")
-        cuda.load_state_dict(seed.state_dict())
+        seed, cuda, disagreement = seed_and_cuda(size)
+        lines += disagreement
         candidates = {"eager": seed, "lltm-cuda": cuda}
         try:
             # Shares the seed's parameters; static shapes, one graph per size.
@@ -244,10 +248,6 @@ def run(args) -> list[str]:
             candidates["torch.compile"] = compiled
         except Exception as exc:  # a compiler problem must not hide the other figures
             print(f"torch.compile unavailable at {size}: {type(exc).__name__}: {exc}", file=sys.stderr)
-        error = check_agreement(cuda, seed, size)
-        print(f"B{B} I{I} S{S}: lltm-cuda vs eager, largest relative difference {error:.2e}", flush=True)
-        if not error <= 1e-4:
-            lines.append(f"| B{B} I{I} S{S} | agreement | | | {error:.2e} | | <= 1e-4 | FAIL |")
         lines += cell_rows("", seed_method(candidates, size, rounds, warmup), size)
         if size == SMALL:
             lines += cell_rows(", device time", device_method(candidates, size), size, ", device time")

@@ -272,10 +272,10 @@ def _copies(run) -> int:
 def test_cell_forward_builds_its_gemm_operand_in_one_kernel():
     """X = [old_h | input] is written by a kernel of lltm-cuda's own (one launch), not by a copy for
     each column block (two kernels): at a small batch a kernel boundary costs more than the work."""
-    x, weights, bias, old_h, old_cell = make_inputs(16, 32, 128, device=DEVICE, requires_grad=False)
-    forward = torch.ops.lltm_cuda.forward
     from torch.profiler import ProfilerActivity, profile
 
+    x, weights, bias, old_h, old_cell = make_inputs(16, 32, 128, device=DEVICE, requires_grad=False)
+    forward = torch.ops.lltm_cuda.forward
     X = forward(x, weights, bias, old_h, old_cell)[2]
     assert torch.equal(X, torch.cat([old_h, x], dim=1))
     with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
