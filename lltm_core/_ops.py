@@ -173,18 +173,23 @@ _DOUBLE_BACKWARD = (
 )
 
 
-def fail_if_differentiated(grads):
+def fail_if_differentiated(grads, sources):
     """``grads``, given a grad_fn that raises lltm's error if they are differentiated again.
 
     For a backward run with create_graph=True (the only time autograd runs one
     with grad mode on): the gradients themselves are fine; differentiating them
-    again is what cannot work.  As torch's once_differentiable does, but not it:
-    it costs microseconds on every call and its message does not say which
-    function refused.
+    again is what cannot work.  The error node's edges lead to ``sources`` (the
+    call's arguments and incoming gradients that require grad), so that
+    ``torch.autograd.grad(g, inputs)`` reaches it and raises, rather than finding
+    ``inputs`` unused (or, with allow_unused=True, answering None for a gradient
+    that is not zero).  As torch's once_differentiable does, but not it: that
+    costs microseconds on every call, its message does not say which function
+    refused, and its gradients lead to fresh leaves only.
     """
-    fail = torch._C._functions.DelayedError(_DOUBLE_BACKWARD.encode(), len(grads))
+    sources = [t for t in sources if isinstance(t, torch.Tensor) and t.requires_grad]
+    fail = torch._C._functions.DelayedError(_DOUBLE_BACKWARD.encode(), len(grads) + len(sources))
     with torch.enable_grad():
-        return fail(*(g if g is None else g.detach().requires_grad_() for g in grads))
+        return fail(*(g if g is None else g.detach().requires_grad_() for g in grads), *sources)[:len(grads)]
 
 
 class _KernelFunction(torch.autograd.Function):
@@ -194,7 +199,7 @@ class _KernelFunction(torch.autograd.Function):
     def forward(ctx, op: Op, backend: Backend, *args):
         kernels = backend.kernels[op.name]
         output = kernels.forward(*args, True) if kernels.takes_needs_backward else kernels.forward(*args)
-        ctx.op, ctx.kernels = op, kernels
+        ctx.op, ctx.kernels, ctx.args = op, kernels, args  # args: see fail_if_differentiated
         op.save(ctx, args, output)
         return tuple(output[:op.outputs])
 
@@ -205,7 +210,7 @@ class _KernelFunction(torch.autograd.Function):
             return (None, None, *op.gradients(ctx, grads, ctx.kernels.backward, ctx.needs_input_grad[2:]))
         with torch.no_grad():  # create_graph=True: see fail_if_differentiated
             gradients = op.gradients(ctx, grads, ctx.kernels.backward, ctx.needs_input_grad[2:])
-        return (None, None, *fail_if_differentiated(gradients))
+        return (None, None, *fail_if_differentiated(gradients, (*ctx.args, *grads)))
 
     @staticmethod
     def jvp(ctx, *tangents):

@@ -148,6 +148,10 @@ def test_double_backward_is_refused_with_a_reason(backend):
         torch.testing.assert_close(got, expected)
     with pytest.raises(RuntimeError, match="lltm: double backward .* is not supported"):
         sum(g.sum() for g in grads).backward()
+    # A gradient penalty asks for the inputs by name: not "unused", and never None with allow_unused
+    for index in range(len(inputs)):
+        with pytest.raises(RuntimeError, match="lltm: double backward .* is not supported"):
+            torch.autograd.grad(grads[0].pow(2).sum(), inputs[index], allow_unused=True)
 
 
 @pytest.mark.parametrize("backend", ["ref", *(["cpu"] if "cpu" in lltm_core.available_backends() else [])])

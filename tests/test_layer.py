@@ -434,6 +434,9 @@ def test_differentiating_a_sequence_twice_is_refused_with_a_reason():
         torch.testing.assert_close(g, w, rtol=0, atol=0)
     with pytest.raises(RuntimeError, match="lltm: double backward .* is not supported"):
         sum(g.sum() for g in grads).backward()
+    for index in range(len(inputs)):  # each argument by name, as a gradient penalty asks
+        with pytest.raises(RuntimeError, match="lltm: double backward .* is not supported"):
+            torch.autograd.grad(grads[0].pow(2).sum(), inputs[index], allow_unused=True)
 
 
 def test_forward_mode_ad_of_a_sequence_is_refused_with_a_reason():
