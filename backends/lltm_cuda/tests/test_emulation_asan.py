@@ -3,12 +3,17 @@
 compute-sanitizer's memcheck finds a kernel reading or writing past the end of a buffer on a GPU.
 The emulated build's NaN fill finds a kernel reading what nothing wrote inside a buffer, but not an
 access outside it: that may crash the process, or pass unseen.  Here the emulated library is built
-again with -fsanitize=address (every CUDA thread a fiber, as in the emulated build, its stack
-cleared for ASan at each launch), and the kit's sequence comparisons run on it in a child with
-libasan preloaded, on each sequence path in the three dtypes the persistent kernels take, then the
-whole kit on the default path (the cell, float64 per step).  The child must pass and ASan must
-report nothing.  The grid's h buffers allocated without the rows that pad the batch to whole tiles
-(B rows, not batch_groups * group_rows) fail here with a heap-buffer-overflow in
+again with -fsanitize=address (every CUDA thread a fiber, as in the emulated build, each switch
+announced to ASan), and run in a child with libasan preloaded:
+
+* the kit's sequence comparisons on each sequence path, in the three dtypes the persistent kernels
+  take;
+* the whole kit on the default path (the cell, float64 per step);
+* the emulator's own tests, checks thrown inside fibers among them.
+
+The child must pass and ASan must report nothing: no error, and no stack it was not told of.  The
+grid's h buffers allocated without the rows that pad the batch to whole tiles (B rows, not
+batch_groups * group_rows) fail here with a heap-buffer-overflow in
 persistent_grid_forward_mma_kernel; the plain emulated build only crashes.
 
 Runs on the emulated build (`nox -s cuda_emulated`, which sets LLTM_CUDA_REQUIRE_ASAN=1: a
@@ -95,7 +100,8 @@ SEQUENCE_KIT = ["--pyargs", "lltm_core.testing.test_sequence", "--lltm-backend",
     ({"LLTM_CUDA_SEQUENCE": "grid"}, SEQUENCE_KIT),
     ({"LLTM_CUDA_SEQUENCE": "per-step"}, SEQUENCE_KIT),
     ({}, ["--pyargs", "lltm_core.testing", "--lltm-backend", "cuda_emulated"]),
-], ids=["persistent", "grid", "per-step", "default-whole-kit"])
+    ({}, [str(ROOT / "tests" / "test_emulator.py")]),
+], ids=["persistent", "grid", "per-step", "default-whole-kit", "emulator"])
 def test_no_kernel_reaches_outside_its_tensors(asan_library, tmp_path, path, kit):
     library, preload = asan_library
     env = {k: v for k, v in os.environ.items() if k not in ("LLTM_CUDA_SEQUENCE", "LLTM_CUDA_CLUSTER")}
@@ -108,5 +114,8 @@ def test_no_kernel_reaches_outside_its_tensors(asan_library, tmp_path, path, kit
     reports = [p.read_text() for p in tmp_path.glob("asan*")]
     errors = [r for r in reports if "ERROR: AddressSanitizer" in r]
     assert not errors, "AddressSanitizer:\n" + "\n".join(r[:4000] for r in errors)
+    # A check thrown in a fiber unwinds a stack ASan was told of (the emulator announces each switch)
+    unknown_stacks = [r for r in reports if "__asan_handle_no_return" in r]
+    assert not unknown_stacks, "AddressSanitizer did not know the stack it ran on:\n" + unknown_stacks[0][:2000]
     assert run.returncode == 0, f"the kit under AddressSanitizer failed (exit {run.returncode}):\n" \
                                 f"{run.stdout[-6000:]}\n{run.stderr[-3000:]}"

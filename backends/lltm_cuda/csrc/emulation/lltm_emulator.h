@@ -52,6 +52,15 @@ constexpr size_t kStackBytes = 256 * 1024;  // a kernel's frames plus a thrown c
 constexpr size_t kGuardBytes = 4096;         // an overflow faults instead of corrupting a neighbour
 
 // ---- The switch between fibers -----------------------------------------------------------------
+// The stack a context runs on, for AddressSanitizer: a build with ASan announces every switch, so
+// ASan knows which stack is running (a check thrown in a fiber unwinds a stack it knows, and its
+// frames' redzones are tracked there) and keeps each fiber's fake stack apart.
+struct StackRange {
+  const void* bottom = nullptr;  // the host thread's stack: learnt from the first switch away from it
+  size_t size = 0;
+  void* fake = nullptr;  // ASan's fake stack of this context while another runs
+};
+
 #if defined(__x86_64__)
 // Saves the callee-saved registers and the FPU/SSE control words on the current stack, stores the
 // stack pointer in *save and resumes the stack at `load`: no system call (glibc's swapcontext makes
@@ -72,6 +81,7 @@ __attribute__((naked, noinline)) inline void fiber_entry() {
 
 struct Context {
   void* sp = nullptr;
+  StackRange stack;
 };
 
 // Writes the frame switch_stack pops onto a fresh stack, so the first switch to it calls run(arg).
@@ -88,13 +98,15 @@ inline void make_context(Context& ctx, char* stack_top, void (*run)(void*), void
   frame[5] = reinterpret_cast<uint64_t>(arg);  // r12
   frame[8] = reinterpret_cast<uint64_t>(&fiber_entry);
   ctx.sp = frame;
+  ctx.stack = StackRange{stack_top - (kStackBytes - kGuardBytes), kStackBytes - kGuardBytes};
 }
 
-inline void switch_context(Context& from, Context& to) { switch_stack(&from.sp, to.sp); }
+inline void raw_switch(Context& from, Context& to) { switch_stack(&from.sp, to.sp); }
 #else
 // Elsewhere ucontext, system call and all: correct, only slower.
 struct Context {
   ucontext_t uc;
+  StackRange stack;
 };
 
 inline void make_context(Context& ctx, char* stack_top, void (*run)(void*), void* arg) {
@@ -103,10 +115,34 @@ inline void make_context(Context& ctx, char* stack_top, void (*run)(void*), void
   ctx.uc.uc_stack.ss_size = kStackBytes - kGuardBytes;
   ctx.uc.uc_link = nullptr;
   makecontext(&ctx.uc, reinterpret_cast<void (*)()>(run), 1, arg);  // one pointer argument (glibc passes 64 bits)
+  ctx.stack = StackRange{ctx.uc.uc_stack.ss_sp, ctx.uc.uc_stack.ss_size};
 }
 
-inline void switch_context(Context& from, Context& to) { swapcontext(&from.uc, &to.uc); }
+inline void raw_switch(Context& from, Context& to) { swapcontext(&from.uc, &to.uc); }
 #endif
+
+// Back on `self`'s stack after a switch: tells ASan so, and returns the range of the stack left.
+inline StackRange arrived(Context& self) {
+  StackRange left;
+#if defined(__SANITIZE_ADDRESS__)
+  __sanitizer_finish_switch_fiber(self.stack.fake, &left.bottom, &left.size);
+#else
+  (void)self;
+#endif
+  return left;
+}
+
+// Suspends `from` and resumes `to`; returns when something switches back to `from`.  A context that
+// `ends` is never resumed: ASan frees its fake stack.
+inline void switch_context(Context& from, Context& to, bool ends = false) {
+#if defined(__SANITIZE_ADDRESS__)
+  __sanitizer_start_switch_fiber(ends ? nullptr : &from.stack.fake, to.stack.bottom, to.stack.size);
+#else
+  (void)ends;
+#endif
+  raw_switch(from, to);
+  arrived(from);
+}
 
 // A stack mapped once and reused by every later launch on this host thread (a guard page below).
 struct Stack {
@@ -196,6 +232,10 @@ inline Pool& pool() {
 inline void fiber_main(void* arg) {
   Launch& L = *current_launch;
   Fiber& f = *static_cast<Fiber*>(arg);
+  // Every fiber starts from the scheduler, which runs on the host thread's own stack: its range.
+  const StackRange host = arrived(f.context);
+  L.scheduler.stack.bottom = host.bottom;
+  L.scheduler.stack.size = host.size;
   try {
     L.body(L.closure);
   } catch (...) {
@@ -204,7 +244,7 @@ inline void fiber_main(void* arg) {
     }
   }
   f.wait = Wait::kDone;
-  switch_context(f.context, L.scheduler);
+  switch_context(f.context, L.scheduler, /*ends=*/true);
   __builtin_unreachable();
 }
 
