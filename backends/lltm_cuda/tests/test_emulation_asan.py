@@ -16,6 +16,12 @@ grid's h buffers allocated without the rows that pad the batch to whole tiles (B
 batch_groups * group_rows) fail here with a heap-buffer-overflow in
 persistent_grid_forward_mma_kernel; the plain emulated build only crashes.
 
+Shared memory is an arena that holds the device's per-block limit, so in the plain build a kernel
+may run past its own shared memory unseen.  Under ASan the emulator poisons the arena past what the
+block has (its dynamic shared memory, then each static declaration as it is reached): a planted
+defect, the cluster forward's shared memory one h row short, passes the plain build's kit and is
+reported here as a use-after-poison in persistent_forward_kernel.
+
 Runs on the emulated build (`nox -s cuda_emulated`, which sets LLTM_CUDA_REQUIRE_ASAN=1: a
 missing libasan is then an error); elsewhere it skips, saying so.
 """
@@ -24,6 +30,7 @@ from __future__ import annotations
 
 import os
 import platform
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -68,26 +75,43 @@ import sys
 from torch.utils import cpp_extension
 sys.path.insert(0, {setup_dir!r})
 from setup import CXX_FLAGS, EMULATED_SOURCES
-name, build_dir = sys.argv[1:]
-cpp_extension.load(name=name, sources=[{root!r} + "/csrc/lltm.cpp"] + [{root!r} + "/" + s for s in EMULATED_SOURCES],
-                   build_directory=build_dir, is_python_module=False,
+name, build_dir, root, *sources = sys.argv[1:]
+sources = sources or ["csrc/lltm.cpp", *EMULATED_SOURCES]
+cpp_extension.load(name=name, sources=[root + "/" + s for s in sources], build_directory=build_dir,
+                   is_python_module=False,
                    extra_cflags=["-O1", "-g", "-fno-omit-frame-pointer", "-fsanitize=address", "-DLLTM_CUDA_EMULATE",
                                  "-Wno-unknown-pragmas", *CXX_FLAGS],
                    extra_ldflags=["-fsanitize=address"])
-""".format(setup_dir=str(ROOT), root=str(ROOT))
+""".format(setup_dir=str(ROOT))
+
+
+def _build(build_dir: Path, name: str, root: Path = ROOT, sources: tuple[str, ...] = ()) -> Path:
+    """The emulated library built with AddressSanitizer from ``root``/csrc (``sources``: all by default)."""
+    # Loading it in the builder's own process fails (libasan not preloaded there): the file is what counts.
+    run = subprocess.run([sys.executable, "-c", _BUILD, name, str(build_dir), str(root), *sources],
+                         capture_output=True, text=True, timeout=900)
+    library = build_dir / f"{name}.so"
+    assert library.is_file(), f"building the AddressSanitizer library failed:\n{run.stdout}\n{run.stderr}"
+    return library
 
 
 @pytest.fixture(scope="module")
 def asan_library(tmp_path_factory):
     """(the emulated library built with AddressSanitizer, LD_PRELOAD for a child that loads it)."""
     preload = _preload()
-    build_dir = tmp_path_factory.mktemp("asan")
-    # Loading it in the builder's own process fails (libasan not preloaded there): the file is what counts.
-    run = subprocess.run([sys.executable, "-c", _BUILD, "lltm_cuda_asan", str(build_dir)], capture_output=True,
-                         text=True, timeout=900)
-    library = build_dir / "lltm_cuda_asan.so"
-    assert library.is_file(), f"building the AddressSanitizer library failed:\n{run.stdout}\n{run.stderr}"
-    return library, preload
+    return _build(tmp_path_factory.mktemp("asan"), "lltm_cuda_asan"), preload
+
+
+def _run_kit(library: Path, preload: str, path: dict, kit: list, tmp_path: Path):
+    """(the child's CompletedProcess, ASan's reports) of ``kit`` run on ``library`` on sequence ``path``."""
+    env = {k: v for k, v in os.environ.items() if k not in ("LLTM_CUDA_SEQUENCE", "LLTM_CUDA_CLUSTER")}
+    env.update(path)
+    env.update({"LD_PRELOAD": preload, lltm_cuda_emulated.ENV_EMULATED_LIBRARY: str(library),
+                "ASAN_OPTIONS": f"detect_leaks=0:log_path={tmp_path / 'asan'}"})
+    # No faulthandler: ASan reports through its own handler, into log_path.
+    run = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:faulthandler", "-q",
+                          "-rf", *kit], capture_output=True, text=True, env=env, timeout=900)
+    return run, [p.read_text() for p in tmp_path.glob("asan*")]
 
 
 SEQUENCE_KIT = ["--pyargs", "lltm_core.testing.test_sequence", "--lltm-backend", "cuda_emulated",
@@ -103,15 +127,7 @@ SEQUENCE_KIT = ["--pyargs", "lltm_core.testing.test_sequence", "--lltm-backend",
     ({}, [str(ROOT / "tests" / "test_emulator.py")]),
 ], ids=["persistent", "grid", "per-step", "default-whole-kit", "emulator"])
 def test_no_kernel_reaches_outside_its_tensors(asan_library, tmp_path, path, kit):
-    library, preload = asan_library
-    env = {k: v for k, v in os.environ.items() if k not in ("LLTM_CUDA_SEQUENCE", "LLTM_CUDA_CLUSTER")}
-    env.update(path)
-    env.update({"LD_PRELOAD": preload, lltm_cuda_emulated.ENV_EMULATED_LIBRARY: str(library),
-                "ASAN_OPTIONS": f"detect_leaks=0:log_path={tmp_path / 'asan'}"})
-    # No faulthandler: ASan reports through its own handler, into log_path.
-    run = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:faulthandler", "-q",
-                          "-rf", *kit], capture_output=True, text=True, env=env, timeout=900)
-    reports = [p.read_text() for p in tmp_path.glob("asan*")]
+    run, reports = _run_kit(*asan_library, path, kit, tmp_path)
     errors = [r for r in reports if "ERROR: AddressSanitizer" in r]
     assert not errors, "AddressSanitizer:\n" + "\n".join(r[:4000] for r in errors)
     # A check thrown in a fiber unwinds a stack ASan was told of (the emulator announces each switch)
@@ -119,3 +135,30 @@ def test_no_kernel_reaches_outside_its_tensors(asan_library, tmp_path, path, kit
     assert not unknown_stacks, "AddressSanitizer did not know the stack it ran on:\n" + unknown_stacks[0][:2000]
     assert run.returncode == 0, f"the kit under AddressSanitizer failed (exit {run.returncode}):\n" \
                                 f"{run.stdout[-6000:]}\n{run.stderr[-3000:]}"
+
+
+# The cluster forward's shared memory sized one h row short: its second h buffer's last row lies past
+# the block's shared memory, inside the device's limit.  The plain emulated build passes the kit so.
+SHORT_SHARED = ("(cluster ? 2 * batch * row_stride(state_size, element) * element : 0)",
+                "(cluster ? (2 * batch - 1) * row_stride(state_size, element) * element : 0)")
+
+
+def test_an_access_past_a_blocks_shared_memory_is_an_error_naming_the_kernel(tmp_path):
+    preload = _preload()
+    root = tmp_path / "short_shared"
+    shutil.copytree(ROOT / "csrc", root / "csrc")
+    source = root / "csrc" / "cuda" / "lltm_persistent.cu"
+    text = source.read_text()
+    assert text.count(SHORT_SHARED[0]) == 1, (
+        "the text to edit is not in csrc/cuda/lltm_persistent.cu exactly once: update this test to plant "
+        "the same defect in the sources as they are now")
+    source.write_text(text.replace(*SHORT_SHARED))
+    (tmp_path / "build").mkdir()
+    library = _build(tmp_path / "build", "lltm_cuda_asan_short_shared", root,
+                     ("csrc/lltm.cpp", "csrc/emulation/lltm_sequence.cpp", "csrc/emulation/lltm_persistent.cpp"))
+    kit = [*SEQUENCE_KIT[:4], "--lltm-dtype", "float32", *SEQUENCE_KIT[-2:]]
+    run, reports = _run_kit(library, preload, {"LLTM_CUDA_SEQUENCE": "persistent", "LLTM_CUDA_CLUSTER": "2"}, kit,
+                            tmp_path)
+    errors = [r for r in reports if "ERROR: AddressSanitizer" in r]
+    assert errors, f"no AddressSanitizer report (child exit {run.returncode}):\n{run.stdout[-3000:]}"
+    assert "use-after-poison" in errors[0] and "persistent_forward_kernel" in errors[0], errors[0][:4000]

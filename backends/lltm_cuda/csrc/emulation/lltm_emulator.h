@@ -256,10 +256,30 @@ inline void fiber_main(void* arg) {
   switch_context(f.context, L.scheduler);
 }
 
-// Fills bytes [from, to) of a block's arena with 0xFF: a NaN in every floating type lltm uses, so
-// a read of shared memory nobody wrote shows in a result.
+// Built with AddressSanitizer, a block's arena is poisoned past the shared memory the block has
+// (its dynamic shared memory, then each static declaration as it is reached): an access past it is
+// then ASan's error in the kernel, as compute-sanitizer's memcheck reports one on a GPU, even where
+// it stays inside the device's per-block limit.  Elsewhere these do nothing.
+inline void hide(const void* p, size_t bytes) {
+#if defined(__SANITIZE_ADDRESS__)
+  __asan_poison_memory_region(p, bytes);
+#else
+  (void)p, (void)bytes;
+#endif
+}
+inline void expose(const void* p, size_t bytes) {
+#if defined(__SANITIZE_ADDRESS__)
+  __asan_unpoison_memory_region(p, bytes);
+#else
+  (void)p, (void)bytes;
+#endif
+}
+
+// Gives the block bytes [filled, to) of its arena, filled with 0xFF: a NaN in every floating type
+// lltm uses, so a read of shared memory nobody wrote shows in a result.
 inline void fill_nan(BlockState& b, size_t to) {
   if (to > b.filled) {
+    expose(b.shared + b.filled, to - b.filled);
     std::memset(b.shared + b.filled, 0xFF, to - b.filled);
     b.filled = to;
   }
@@ -470,9 +490,15 @@ void run_grid(const char* name, Body& body, unsigned blocks, unsigned threads, u
   current_launch = &L;
   gridDim = dim3{blocks, 1, 1};
   blockDim = dim3{threads, 1, 1};
+  const auto expose_arenas = [&] {  // between launches the arenas are plain memory (resize copies them)
+    for (unsigned b = 0; b < live; ++b) {
+      expose(p.arenas[b].data(), p.arenas[b].size());
+    }
+  };
   try {
     for (const unsigned c : group_order) {
       for (unsigned b = 0; b < live; ++b) {
+        hide(p.arenas[b].data(), p.arenas[b].size());
         L.blocks[b].filled = 0;
         fill_nan(L.blocks[b], dynamic_bytes);
         for (unsigned t = 0; t < threads; ++t) {
@@ -487,9 +513,11 @@ void run_grid(const char* name, Body& body, unsigned blocks, unsigned threads, u
       run_live(L, order, rng);
     }
   } catch (...) {
+    expose_arenas();
     current_launch = outer;
     throw;
   }
+  expose_arenas();
   current_launch = outer;
 }
 
