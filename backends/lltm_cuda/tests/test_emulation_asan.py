@@ -3,9 +3,10 @@
 compute-sanitizer's memcheck finds a kernel reading or writing past the end of a buffer on a GPU.
 The emulated build's NaN fill finds a kernel reading what nothing wrote inside a buffer, but not an
 access outside it: that may crash the process, or pass unseen; nor does it see a misaligned access,
-which x86 forgives and a GPU traps on.  Here the emulated library is built again with
--fsanitize=address,alignment (every CUDA thread a fiber, as in the emulated build, each switch
-announced to ASan), and run in a child with libasan preloaded:
+which x86 forgives and a GPU traps on, or other undefined behaviour.  Here the emulated library is
+built again with -fsanitize=address,undefined (every CUDA thread a fiber, as in the emulated build,
+each switch announced to ASan; UBSan's checks include alignment), and run in a child with libasan
+preloaded:
 
 * the kit's sequence comparisons on each sequence path, in the three dtypes the persistent kernels
   take;
@@ -85,10 +86,10 @@ name, build_dir, root, *sources = sys.argv[1:]
 sources = sources or ["csrc/lltm.cpp", *EMULATED_SOURCES]
 cpp_extension.load(name=name, sources=[root + "/" + s for s in sources], build_directory=build_dir,
                    is_python_module=False,
-                   extra_cflags=["-O1", "-g", "-fno-omit-frame-pointer", "-fsanitize=address,alignment",
-                                 "-fno-sanitize-recover=alignment", "-DLLTM_CUDA_EMULATE",
+                   extra_cflags=["-O1", "-g", "-fno-omit-frame-pointer", "-fsanitize=address,undefined",
+                                 "-fno-sanitize-recover=undefined", "-DLLTM_CUDA_EMULATE",
                                  "-Wno-unknown-pragmas", *CXX_FLAGS],
-                   extra_ldflags=["-fsanitize=address,alignment"])
+                   extra_ldflags=["-fsanitize=address,undefined"])
 """.format(setup_dir=str(ROOT))
 
 

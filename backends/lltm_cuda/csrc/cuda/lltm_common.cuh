@@ -312,7 +312,9 @@ inline Tensor empty(IntList sizes, ScalarType dtype, const Tensor& like) {
 #ifdef LLTM_CUDA_EMULATE
   // As in shared memory, what a kernel reads before anything wrote it is NaN (0xFF bytes) in the
   // emulation, not the zeros a fresh page happens to hold.
-  std::memset(out.data_ptr(), 0xFF, size_t(out.numel()) * out.element_size());
+  if (out.numel() > 0) {  // an empty tensor's data pointer may be null, which memset may not take
+    std::memset(out.data_ptr(), 0xFF, size_t(out.numel()) * out.element_size());
+  }
 #endif
   return out;
 }
