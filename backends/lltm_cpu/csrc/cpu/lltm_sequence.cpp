@@ -124,7 +124,8 @@ Tensor checked_lengths(const Tensor& lengths, const char* op, int64_t steps, int
 // state's bytes (benchmarks/results/cpu_sequence.md, "the operators' rest taken apart").
 Tensor fresh_copy(const Tensor& source, ScalarType dtype) {
   Tensor copy = empty({source.size(0), source.size(1)}, dtype);
-  if (source.scalar_type() == dtype && source.is_contiguous()) {
+  if (source.numel() == 0) {  // an empty batch: its data pointers may be null, which memcpy may not take
+  } else if (source.scalar_type() == dtype && source.is_contiguous()) {
     std::memcpy(copy.mutable_data_ptr(), source.const_data_ptr(), source.numel() * source.element_size());
   } else {
     torch::stable::copy_(copy, source);
@@ -314,7 +315,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> sequence_forward(
       });
     }
   });
-  if (!lengths.has_value()) {
+  if (!lengths.has_value() && B * S > 0) {  // (an empty batch's data pointers may be null)
     const size_t step_bytes = B * S * output.element_size();
     std::memcpy(h_n.mutable_data_ptr(), static_cast<const char*>(output.const_data_ptr()) + (reverse ? 0 : T - 1) * step_bytes,
                 step_bytes);
