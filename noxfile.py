@@ -46,7 +46,7 @@ nox.options.error_on_missing_interpreters = True
 # a session is one core's work (pip, a compiler, pytest).  On 2-core Intel Xeons (2026-12): one
 # session after another, 50 minutes (Sapphire Rapids class); in these lanes, 27 and 28 minutes,
 # 28 in all (Ice Lake class).  Builds of one distribution stay in one lane.
-LANES = (["cpu", "cross_torch", "wheels"],
+LANES = (["cpu", "cross_torch", "wheels", "cpu_sanitized"],
          ["core", "ref", "cpu_aarch64", "cuda", "cuda_emulated", "triton", "oldest_torch"])
 nox.options.sessions = [name for lane in LANES for name in lane]
 
@@ -127,6 +127,52 @@ def cpu(session):
 
 
 CROSS_BUILD_TEST = ROOT / "backends/lltm_cpu/tests/test_cross_build.py"
+
+SANITIZERS = "-fsanitize=address,undefined"
+
+
+def _sanitizer_preload(session) -> str:
+    """LD_PRELOAD for a Python that loads a library built with SANITIZERS: libasan first (it must
+    come before anything else), then libstdc++ (so a C++ exception meets ASan's interceptor)."""
+    found = []
+    for name in ("libasan.so", "libstdc++.so.6"):
+        path = session.run(os.environ.get("CXX", "c++"), f"-print-file-name={name}", silent=True,
+                           external=True).strip()
+        if not os.path.isabs(path) or not os.path.exists(path):
+            session.error(f"the C++ compiler has no {name}: install gcc's AddressSanitizer runtime (libasan)")
+        found.append(os.path.realpath(path))
+    return " ".join(found)
+
+
+@_session
+def cpu_sanitized(session):
+    """lltm-cpu built with AddressSanitizer and UBSan: the kit and its sequence tests, any report fatal.
+
+    Its hand-vectorised kernels read and write through raw pointers: a full vector load past a
+    tensor's end where a tail mask was due, a misaligned typed access, a null pointer handed to
+    memcpy.  x86 forgives all three, so the plain build's tests pass over them; here each stops
+    the test run with the sanitizer's report, naming the function.
+    """
+    _setup(session, TORCH_CPU, ".", "./backends/lltm_ref")
+    with _source_tree_build_info_untouched(session):
+        session.install("--no-build-isolation", "--no-deps", "./backends/lltm_cpu",
+                        env={"CFLAGS": f"{SANITIZERS} -fno-sanitize-recover=undefined -fno-omit-frame-pointer -g",
+                             "LDFLAGS": SANITIZERS, "MAX_JOBS": os.environ.get("MAX_JOBS", "2")})
+    session.run("python", "-m", "pip", "check")
+    # No faulthandler (ASan reports through its own handler); --capture=sys leaves the sanitizers'
+    # reports on the file descriptor they write to.
+    session.env.update({"LD_PRELOAD": _sanitizer_preload(session), "ASAN_OPTIONS": "detect_leaks=0",
+                        "UBSAN_OPTIONS": "print_stacktrace=1"})
+    # The library built is the instrumented one (not objects a plain build left in the build folder).
+    session.run("python", "-c", "import pathlib, sys, lltm_cpu; sys.exit(b'__asan_init' not in "
+                "pathlib.Path(lltm_cpu.library_path()).read_bytes() and 'lltm-cpu was built without AddressSanitizer')")
+    _pytest(session, "-p", "no:faulthandler", "--capture=sys", "--pyargs", "lltm_core.testing", "--lltm-backend",
+            "cpu")
+    # lltm-cpu's own tests: each pointwise build (AVX-512, AVX2, default) and, of the GEMM routes a
+    # run in a subprocess forces, the AVX2 one (the rest of those runs takes ten minutes under ASan).
+    _pytest(session, "-p", "no:faulthandler", "--capture=sys", str(ROOT / "backends/lltm_cpu/tests/test_sequence.py"),
+            str(ROOT / "backends/lltm_cpu/tests/test_lltm_cpu.py"),
+            "-k", "not in_subprocess or (forced_gemm_routes and avx2)")
 
 
 @_session
@@ -257,8 +303,9 @@ def cuda_emulated(session):
     every dtype lltm-cuda declares, the kit's sequence comparisons with each sequence path forced
     (the persistent kernel over clusters of 1, 2, 4 and 8 blocks, the cooperative grid, and per
     step), lltm-cuda's tests that need no device (the emulator's own, the launch count flat in T),
-    the planted defects, and the kit again on a build with AddressSanitizer (what compute-sanitizer's
-    memcheck would find: an access outside a tensor).
+    the planted defects, and the kit again on a build with AddressSanitizer and UBSan (what
+    compute-sanitizer's memcheck would find: an access outside a tensor or past a block's shared
+    memory, a misaligned one).
 
     Then torch in the same venv becomes the newer TORCH_CUDA (2.14.1) and the library built on
     TORCH_CPU (2.13.0) runs again, not rebuilt: the stable ABI's promise (one build for every torch
