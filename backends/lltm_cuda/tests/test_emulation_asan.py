@@ -14,8 +14,7 @@ preloaded:
 * the emulator's own tests, checks thrown inside fibers among them.
 
 The child must pass and the sanitizers must report nothing: no error, and no stack ASan was not told
-of.  The
-grid's h buffers allocated without the rows that pad the batch to whole tiles (B rows, not
+of.  The grid's h buffers allocated without the rows that pad the batch to whole tiles (B rows, not
 batch_groups * group_rows) fail here with a heap-buffer-overflow in
 persistent_grid_forward_mma_kernel; the plain emulated build only crashes.
 
@@ -111,7 +110,7 @@ def asan_library(tmp_path_factory):
 
 
 def _run_kit(library: Path, preload: str, path: dict, kit: list, tmp_path: Path):
-    """(the child's CompletedProcess, the sanitizers' errors) of ``kit`` run on ``library`` on sequence ``path``."""
+    """(the child's CompletedProcess, the sanitizers' reports) of ``kit`` run on ``library`` on sequence ``path``."""
     env = {k: v for k, v in os.environ.items() if k not in ("LLTM_CUDA_SEQUENCE", "LLTM_CUDA_CLUSTER")}
     env.update(path)
     env.update({"LD_PRELOAD": preload, lltm_cuda_emulated.ENV_EMULATED_LIBRARY: str(library),
@@ -143,7 +142,7 @@ SEQUENCE_KIT = ["--pyargs", "lltm_core.testing.test_sequence", "--lltm-backend",
 def test_no_kernel_reaches_outside_its_tensors(asan_library, tmp_path, path, kit):
     run, reports = _run_kit(*asan_library, path, kit, tmp_path)
     errors = _errors(reports)
-    assert not errors, "AddressSanitizer:\n" + "\n".join(r[:4000] for r in errors)
+    assert not errors, "sanitizer reports:\n" + "\n".join(r[:4000] for r in errors)
     # A check thrown in a fiber unwinds a stack ASan was told of (the emulator announces each switch)
     unknown_stacks = [r for r in reports if "__asan_handle_no_return" in r]
     assert not unknown_stacks, "AddressSanitizer did not know the stack it ran on:\n" + unknown_stacks[0][:2000]
