@@ -45,7 +45,8 @@ nox.options.error_on_missing_interpreters = True
 # order, the second in a copy of the tree, so that no two builds share a build folder): most of
 # a session is one core's work (pip, a compiler, pytest).  On 2-core Intel Xeons (2026-12): one
 # session after another, 50 minutes (Sapphire Rapids class); in these lanes, 27 and 28 minutes,
-# 28 in all (Ice Lake class).  Builds of one distribution stay in one lane.
+# 28 in all (Ice Lake class); with cpu_sanitized added to the first, 35 in all on a 2-core AMD EPYC
+# Zen 4 (2026-12-07).  Builds of one distribution stay in one lane.
 LANES = (["cpu", "cross_torch", "wheels", "cpu_sanitized"],
          ["core", "ref", "cpu_aarch64", "cuda", "cuda_emulated", "triton", "oldest_torch"])
 nox.options.sessions = [name for lane in LANES for name in lane]
