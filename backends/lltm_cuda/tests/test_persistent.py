@@ -280,6 +280,34 @@ def test_without_clusters_the_default_is_per_step_and_a_forced_cluster_of_one_ru
     assert "LLTM_CUDA_CLUSTER=2 on a device without thread-block clusters" in run.stdout
 
 
+def test_a_cluster_the_device_cannot_co_schedule_shrinks_by_default_and_is_an_error_when_forced():
+    """A GPU whose GPCs co-schedule 4 blocks (LLTM_CUDA_EMULATE_CLUSTER_BLOCKS=4), in a child that reads
+    its own settings: the default cluster halves to 4 and still matches the reference; a shape whose
+    W_h needs 8 blocks runs per step, saying why; a forced 8 is an error."""
+    script = (
+        "import os, sys, torch, lltm_core, lltm_cuda_emulated as m\n"
+        "from lltm_core.testing import make_sequence_inputs, max_rel_error, reference_sequence, tolerance\n"
+        "torch.manual_seed(int(sys.argv[1]))\n"
+        "path, blocks, why = m.sequence_path(torch.float32, 3, 13)\n"
+        "assert (path, blocks) == ('persistent', 4) and 'co-schedules no cluster of 8 blocks' in why, why\n"
+        "inputs = make_sequence_inputs(5, 3, 4, 13)\n"
+        "got = lltm_core.lltm_sequence(*inputs, backend='cuda_emulated')\n"
+        "want = reference_sequence(*[t.detach().double() for t in inputs])\n"
+        "assert all(max_rel_error(g, w) <= tolerance(torch.float32) for g, w in zip(got, want))\n"
+        "path, _, why = m.sequence_path(torch.float32, 16, 300)\n"
+        "assert path == 'per-step' and 'a cluster of 4 would need' in why, why\n"
+        "os.environ['LLTM_CUDA_SEQUENCE'] = 'persistent'\n"
+        "os.environ['LLTM_CUDA_CLUSTER'] = '8'\n"
+        "try:\n    m.sequence_path(torch.float32, 3, 13)\nexcept RuntimeError as e:\n    print(e)\n")
+    env = {**os.environ, "LLTM_CUDA_EMULATE_CLUSTER_BLOCKS": "4"}
+    for name in ("LLTM_CUDA_SEQUENCE", "LLTM_CUDA_CLUSTER"):
+        env.pop(name, None)
+    run = subprocess.run([sys.executable, "-c", script, str(torch.initial_seed() % 2**31)], capture_output=True,
+                         text=True, env=env, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert "LLTM_CUDA_SEQUENCE=persistent, but the device co-schedules no cluster of 8 blocks" in run.stdout, run.stdout
+
+
 def test_explain_names_the_sequence_path(monkeypatch):
     """lltm info --explain's trace adds the path lltm-cuda takes to the chosen entry, a forced path
     that cannot run included; the cell has one path, so its entry stays as the rule wrote it."""

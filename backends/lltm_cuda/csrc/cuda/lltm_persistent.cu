@@ -1019,6 +1019,33 @@ int64_t grid_capacity(int device, ScalarType dtype, std::pair<int64_t, int64_t> 
   return found->second;
 }
 
+// How many clusters of `cluster` blocks of both cluster kernels, at their shared memory for `batch`
+// and `state_size`, the device runs at once (0: it co-schedules none), asked once per device, dtype
+// and size.
+int64_t cluster_capacity(int device, ScalarType dtype, int64_t batch, int64_t state_size, int cluster) {
+  static std::mutex mutex;
+  static std::map<std::tuple<int, int, int64_t, int64_t, int>, int64_t> known;
+  const std::lock_guard<std::mutex> lock(mutex);
+  const auto key = std::make_tuple(device, int(dtype), batch, state_size, cluster);
+  auto found = known.find(key);
+  if (found == known.end()) {
+    int64_t clusters = 0;
+    dispatch_persistent(dtype, [&](auto zero) {
+      using scalar_t = decltype(zero);
+      const int64_t element = sizeof(scalar_t);
+      clusters = std::min(
+          rt::resident_clusters(persistent_forward_kernel<scalar_t>,
+                                rt::ClusterLaunch{"persistent_forward_kernel", cluster, rt::threads_per_block(), cluster,
+                                                  size_t(forward_shared_bytes(element, batch, state_size, cluster, true))}),
+          rt::resident_clusters(persistent_backward_kernel<scalar_t>,
+                                rt::ClusterLaunch{"persistent_backward_kernel", cluster, rt::threads_per_block(), cluster,
+                                                  size_t(backward_shared_bytes(element, batch, state_size, cluster))}));
+    });
+    found = known.emplace(key, clusters).first;
+  }
+  return found->second;
+}
+
 // The grid path: at most one block a multiprocessor, each keeping its units' rows of W_h in shared
 // memory; all blocks resident at once, or the launch is refused.  On FFMA the blocks split the
 // units alone (no more blocks than units).  On the tensor cores they split the batch into groups
@@ -1134,7 +1161,7 @@ SequencePlan plan_sequence(int device, ScalarType dtype, int64_t batch, int64_t 
   if (cluster > 1 && !limits.clusters) {
     return decline("LLTM_CUDA_CLUSTER=" + std::to_string(cluster) + " on a device without thread-block clusters");
   }
-  const int64_t bytes = shared_bytes(dtype, batch, state_size, cluster);
+  int64_t bytes = shared_bytes(dtype, batch, state_size, cluster);
   if (bytes > limits.shared_per_block) {
     // The grid-persistent path (LLTM_CUDA_SEQUENCE=grid) also runs such shapes in one launch; it
     // becomes the default only where a GPU measures it faster (benchmarks/persistent_vs_cudnn.py).
@@ -1144,10 +1171,29 @@ SequencePlan plan_sequence(int device, ScalarType dtype, int64_t batch, int64_t 
                          : "; the grid-persistent path (LLTM_CUDA_SEQUENCE=grid) runs it in one launch too, and "
                            "measurement decides whether it becomes the default (benchmarks/persistent_vs_cudnn.py)"));
   }
+  // A cluster runs only where the device co-schedules its blocks (a GPC holds them all): the
+  // default halves it until one is, a forced size that is not declines.
+  std::string smaller;
+  while (cluster > 1 && cluster_capacity(device, dtype, batch, state_size, cluster) == 0) {
+    const std::string refused = "the device co-schedules no cluster of " + std::to_string(cluster) + " blocks with " +
+                                std::to_string(shared_bytes(dtype, batch, state_size, cluster)) +
+                                " bytes of shared memory a block (cudaOccupancyMaxActiveClusters)";
+    if (forced_cluster != 0) {
+      return decline(refused);
+    }
+    const int64_t half = shared_bytes(dtype, batch, state_size, cluster / 2);
+    if (half > limits.shared_per_block) {
+      return decline(refused + ", and a cluster of " + std::to_string(cluster / 2) + " would need " + std::to_string(half) +
+                     " bytes a block, over the device's " + std::to_string(limits.shared_per_block));
+    }
+    smaller = "; " + refused;
+    cluster /= 2;
+    bytes = half;
+  }
   plan.persistent = true;
   plan.cluster = cluster;
   plan.why = "persistent: one launch for the time loop, W_h on chip over a cluster of " + std::to_string(cluster) +
-             " blocks (" + std::to_string(bytes) + " bytes of shared memory a block)" +
+             " blocks (" + std::to_string(bytes) + " bytes of shared memory a block)" + smaller +
              (must ? " (LLTM_CUDA_SEQUENCE=persistent)" : "");
   return plan;
 }
@@ -1243,6 +1289,8 @@ extern "C" __attribute__((visibility("default"))) int lltm_cuda_sequence_plan(in
   int path = -1;
   *blocks = 1;
   try {
+    // The occupancy queries ask the current device, as the operators' own guard makes it.
+    const lltm_cuda::rt::DeviceGuard device_guard(device);
     const lltm_cuda::SequencePlan plan =
         lltm_cuda::plan_sequence(device, static_cast<lltm_cuda::ScalarType>(dtype), batch, state_size);
     path = plan.grid ? 2 : plan.persistent ? 1 : 0;

@@ -24,6 +24,8 @@
 //                                          the 227 KB opt-in limit of an H100/H200)
 //   LLTM_CUDA_EMULATE_CLUSTERS             1: the device launches clusters (sm_90), 0: it does not
 //                                          (sm_80) (default 1)
+//   LLTM_CUDA_EMULATE_CLUSTER_BLOCKS       the largest cluster the device co-schedules (default 16,
+//                                          Hopper's non-portable limit; a GPC's multiprocessors)
 // Small grids make the grid-stride loops go round more than once, as big inputs do on a GPU.
 #pragma once
 
@@ -173,14 +175,45 @@ int64_t cooperative_blocks(void (*kernel)(Params...), int threads, size_t shared
   return int64_t(blocks) * multiprocessor_count(device);
 }
 
-template <typename... Params, typename... Args>
-void launch(void (*kernel)(Params...), const ClusterLaunch& shape, Stream stream, Args&&... args) {
-  // Above 48 KB a kernel must opt in to more dynamic shared memory, above 8 blocks to a larger cluster.
+// Above 48 KB a kernel must opt in to more dynamic shared memory, above 8 blocks to a larger cluster.
+template <typename... Params>
+void opt_in(void (*kernel)(Params...), const ClusterLaunch& shape) {
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(shape.shared_bytes)),
              shape.name);
   if (shape.cluster > 8) {
     check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1), shape.name);
   }
+}
+
+// How many clusters of `shape` (its cluster, threads and dynamic shared memory; not its blocks) the
+// device runs at once: 0 where it cannot co-schedule one, as a 16-block cluster on a GPU whose
+// GPCs hold fewer multiprocessors, where the launch would fail.
+template <typename... Params>
+int64_t resident_clusters(void (*kernel)(Params...), const ClusterLaunch& shape) {
+  opt_in(kernel, shape);
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(unsigned(shape.cluster));
+  config.blockDim = dim3(unsigned(shape.threads));
+  config.dynamicSmemBytes = shape.shared_bytes;
+  cudaLaunchAttribute attribute{};
+  attribute.id = cudaLaunchAttributeClusterDimension;
+  attribute.val.clusterDim.x = unsigned(shape.cluster);
+  attribute.val.clusterDim.y = attribute.val.clusterDim.z = 1;
+  config.attrs = &attribute;
+  config.numAttrs = 1;
+  int clusters = 0;
+  const cudaError_t status = cudaOccupancyMaxActiveClusters(&clusters, kernel, &config);
+  if (status == cudaErrorInvalidClusterSize) {
+    (void)cudaGetLastError();  // a size the device never co-schedules; the error is not sticky
+    return 0;
+  }
+  check_cuda(status, "cudaOccupancyMaxActiveClusters");
+  return clusters;
+}
+
+template <typename... Params, typename... Args>
+void launch(void (*kernel)(Params...), const ClusterLaunch& shape, Stream stream, Args&&... args) {
+  opt_in(kernel, shape);
   cudaLaunchConfig_t config{};
   config.gridDim = dim3(unsigned(shape.blocks));
   config.blockDim = dim3(unsigned(shape.threads));
@@ -348,6 +381,7 @@ struct Settings {
   uint64_t seed;
   size_t shared_per_block;
   bool clusters;
+  int cluster_blocks;  // the largest cluster co-scheduled
 };
 
 inline int64_t env_int(const char* name, int64_t fallback, int64_t lowest, int64_t highest) {
@@ -370,6 +404,7 @@ inline Settings read_settings() {
   s.seed = uint64_t(env_int("LLTM_CUDA_EMULATE_SEED", 0, 0, INT64_MAX));
   s.shared_per_block = size_t(env_int("LLTM_CUDA_EMULATE_SHARED_PER_BLOCK", 232448, 0, 1 << 30));
   s.clusters = env_int("LLTM_CUDA_EMULATE_CLUSTERS", 1, 0, 1) == 1;
+  s.cluster_blocks = int(env_int("LLTM_CUDA_EMULATE_CLUSTER_BLOCKS", 16, 1, 16));
   const char* order = std::getenv("LLTM_CUDA_EMULATE_ORDER");
   const std::string o = order ? order : "";
   if (o.empty() || o == "forward") {
@@ -431,6 +466,19 @@ int64_t cooperative_blocks(void (*)(Params...), int /*threads*/, size_t shared_b
   return shared_bytes > s.shared_per_block ? 0 : int64_t(s.multiprocessors) * s.blocks_per_multiprocessor;
 }
 
+// The emulator runs a cluster's blocks together whatever its multiprocessor count; a GPU
+// co-schedules at most LLTM_CUDA_EMULATE_CLUSTER_BLOCKS of them (a GPC's worth), and none whose
+// shared memory does not fit.
+template <typename... Params>
+int64_t resident_clusters(void (*)(Params...), const ClusterLaunch& shape) {
+  const Settings& s = emulation_settings();
+  ++counters().occupancy_queries;
+  if (shape.shared_bytes > s.shared_per_block || shape.cluster > s.cluster_blocks) {
+    return 0;
+  }
+  return std::max<int64_t>(1, int64_t(s.multiprocessors) * s.blocks_per_multiprocessor / shape.cluster);
+}
+
 // Every launch: the grid run by the emulator's scheduler, a new thread order each launch (the same
 // sequence of orders for a seed).
 template <typename... Params, typename... Args>
@@ -442,6 +490,10 @@ void launch(void (*kernel)(Params...), const ClusterLaunch& shape, Stream, Args&
                   " blocks of ", shape.threads, " threads in clusters of ", shape.cluster);
   STD_TORCH_CHECK(shape.cluster == 1 || s.clusters, "lltm-cuda (emulated): kernel ", shape.name,
                   " launched in clusters of ", shape.cluster, " on a device without clusters (LLTM_CUDA_EMULATE_CLUSTERS=0)");
+  // A GPU refuses a cluster larger than a GPC holds (cluster out of resources).
+  STD_TORCH_CHECK(shape.cluster <= s.cluster_blocks, "lltm-cuda (emulated): kernel ", shape.name,
+                  " launched in clusters of ", shape.cluster, ", more blocks than the device co-schedules (",
+                  s.cluster_blocks, ", LLTM_CUDA_EMULATE_CLUSTER_BLOCKS)");
   // A GPU refuses a cooperative launch larger than what it holds at once (too large a cooperative launch).
   STD_TORCH_CHECK(!shape.cooperative || shape.blocks <= int64_t(s.multiprocessors) * s.blocks_per_multiprocessor,
                   "lltm-cuda (emulated): cooperative launch of ", shape.name, " with ", shape.blocks,
