@@ -267,7 +267,8 @@ print(wheel.name, torch[0])
 
 @_session
 def cuda(session):
-    """lltm-cuda: compile with nvcc against the CUDA build of torch, then the GPU-free tests.
+    """lltm-cuda: compile with nvcc against the CUDA build of torch, then the GPU-free tests (ptxas's
+    report on every kernel among them: no spills, a block within a multiprocessor's registers).
 
     CUDA_HOME and CUDA_PATH are unset for the build, as for a new user running the README's line:
     setup.py must find the toolkit itself (here the nvcc on PATH is a wrapper script).

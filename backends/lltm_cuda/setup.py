@@ -46,6 +46,7 @@ DEFAULT_ARCH_LIST = "8.0;9.0+PTX"
 # (static initialisers) are needed from outside, so nothing else is exported.
 CXX_FLAGS = [lltm_build.TARGET_MACRO, "-fvisibility=hidden", "-g0"]
 LINK_FLAGS = ["-Wl,--strip-debug"]
+NVCC_FLAGS = ["-O3", lltm_build.TARGET_MACRO, "-Xcompiler", "-fvisibility=hidden"]
 
 
 def build_info(arch_list: str, cuda_home: str = "", emulated: bool = False, cuda_version: str | None = None) -> str:
@@ -152,7 +153,7 @@ def main() -> None:
                 # USE_CUDA: the C shim declares its CUDA functions (the current stream) only under it.
                 define_macros=[("USE_CUDA", None)],
                 extra_compile_args={"cxx": ["-O3", *CXX_FLAGS],
-                                    "nvcc": ["-O3", lltm_build.TARGET_MACRO, "-Xcompiler", "-fvisibility=hidden"]},
+                                    "nvcc": NVCC_FLAGS},
                 extra_link_args=LINK_FLAGS,
                 # No Python at all in the library (it is loaded with torch.ops.load_library), and
                 # py_limited_api keeps torch from linking libtorch_python: one abi3 wheel.
@@ -165,5 +166,5 @@ def main() -> None:
     )
 
 
-if __name__ == "__main__":  # tests import this file for CXX_FLAGS
+if __name__ == "__main__":  # tests import this file for its flags and sources
     main_emulated() if os.environ.get("LLTM_CUDA_EMULATE") == "1" else main()

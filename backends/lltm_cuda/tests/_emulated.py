@@ -1,4 +1,5 @@
-"""The emulated build (lltm_cuda_emulated), for the test modules that need it.
+"""The build under test, for lltm-cuda's test modules: the emulated one (lltm_cuda_emulated) or the
+real one, and setup.py's flags and sources.
 
 With LLTM_CUDA_TEST_EMULATED=1 (`nox -s cuda_emulated`) it was asked for by name: its absence is an
 error, never a skip.  Elsewhere (the real build's session) a module that needs it skips, saying why.
@@ -7,6 +8,8 @@ error, never a skip.  Elsewhere (the real build's session) a module that needs i
 from __future__ import annotations
 
 import os
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -38,3 +41,14 @@ def the_build_under_test():
             raise
         pytest.skip("lltm-cuda is not installed (building it needs the CUDA toolkit)", allow_module_level=True)
     return lltm_cuda
+
+
+def setup_py():
+    """backends/lltm_cuda/setup.py, imported for its flags and sources (its main() runs only as a script)."""
+    setup_dir = str(Path(__file__).resolve().parents[1])
+    sys.path.insert(0, setup_dir)
+    try:
+        import setup
+    finally:
+        sys.path.remove(setup_dir)
+    return setup

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from _emulated import EMULATED, the_build_under_test
+from _emulated import EMULATED, setup_py, the_build_under_test
 
 lltm_cuda = the_build_under_test()
 from lltm_core.extension import library_fingerprint  # noqa: E402
@@ -27,17 +27,6 @@ _build_info = lltm_cuda._build_info
 PACKAGE = lltm_cuda.__name__
 LIBRARY = Path(lltm_cuda.library_path())
 TORCH_LIB = Path(torch.__file__).parent / "lib"
-SETUP_DIR = Path(__file__).resolve().parents[1]
-
-
-def _setup_module():
-    """backends/lltm_cuda/setup.py, imported (its main() runs only as a script)."""
-    sys.path.insert(0, str(SETUP_DIR))
-    try:
-        import setup
-    finally:
-        sys.path.remove(str(SETUP_DIR))
-    return setup
 
 
 def _tool(name: str) -> str:
@@ -55,7 +44,7 @@ def test_library_path_is_the_recorded_library():
 def test_the_record_is_the_file():
     """The build's fingerprint (lltm_build.py, recorded at build time) and lltm-core's (checked at
     load) agree."""
-    lltm_build = _setup_module().lltm_build
+    lltm_build = setup_py().lltm_build
     recorded = (_build_info.LIBRARY_SIZE, _build_info.LIBRARY_SHA256)
     assert library_fingerprint(LIBRARY) == recorded
     assert lltm_build.library_fingerprint(LIBRARY) == recorded
@@ -132,7 +121,7 @@ def test_only_stable_symbols_are_undefined():
 
 def test_any_aten_header_is_an_error_under_the_build_flags(tmp_path):
     """TORCH_TARGET_VERSION (setup.py's CXX_FLAGS) turns an ordinary ATen header into a compile error."""
-    setup = _setup_module()
+    setup = setup_py()
     from torch.utils.cpp_extension import include_paths
 
     source = tmp_path / "uses_aten.cpp"
