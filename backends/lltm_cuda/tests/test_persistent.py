@@ -98,13 +98,15 @@ _GPU_BLOCK_CASES = [("persistent", 8, 3, 16, 5, 128), ("persistent", 1, 3, 64, 3
 
 def _in_a_child(script: str, **settings: str) -> str:
     """Runs `script` in a child with these emulator settings (read once per process), after a
-    prelude that imports os, sys, torch and this file as `t` and seeds torch as this test is seeded;
-    asserts it succeeds and returns its stdout."""
+    prelude that imports os, sys, torch and this file as `t` and seeds torch as this test is seeded,
+    from the default choice of path (no LLTM_CUDA_SEQUENCE or LLTM_CUDA_CLUSTER); asserts it
+    succeeds and returns its stdout."""
     prelude = ("import os, sys, torch\n"
                f"sys.path.insert(0, {os.path.dirname(__file__)!r})\n"
                "import test_persistent as t\n"
                "torch.manual_seed(int(sys.argv[1]))\n")
-    env = {**os.environ, **settings}
+    env = {name: value for name, value in os.environ.items() if name not in ("LLTM_CUDA_SEQUENCE", "LLTM_CUDA_CLUSTER")}
+    env.update(settings)
     run = subprocess.run([sys.executable, "-c", prelude + script, str(torch.initial_seed() % 2**31)],
                          capture_output=True, text=True, env=env, timeout=600)
     assert run.returncode == 0, run.stdout + run.stderr
@@ -266,18 +268,14 @@ def test_a_forced_grid_that_cannot_run_is_an_error_naming_the_shape_and_the_path
 def test_without_clusters_the_default_is_per_step_and_a_forced_cluster_of_one_runs():
     """An sm_80-like device (LLTM_CUDA_EMULATE_CLUSTERS=0), in a child that reads its own settings."""
     script = (
-        "import torch, lltm_cuda_emulated as m\n"
+        "m = t.lltm_cuda_emulated\n"
         "assert m.sequence_path(torch.float32, 16, 128)[0] == 'per-step'\n"
-        "import os; os.environ['LLTM_CUDA_SEQUENCE'] = 'persistent'\n"
+        "os.environ['LLTM_CUDA_SEQUENCE'] = 'persistent'\n"
         "assert m.sequence_path(torch.float32, 16, 64)[:2] == ('persistent', 1)\n"
         "os.environ['LLTM_CUDA_CLUSTER'] = '2'\n"
         "try:\n    m.sequence_path(torch.float32, 16, 64)\nexcept RuntimeError as e:\n    print(e)\n")
-    env = {**os.environ, "LLTM_CUDA_EMULATE_CLUSTERS": "0"}
-    for name in ("LLTM_CUDA_SEQUENCE", "LLTM_CUDA_CLUSTER"):
-        env.pop(name, None)
-    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
-    assert run.returncode == 0, run.stderr
-    assert "LLTM_CUDA_CLUSTER=2 on a device without thread-block clusters" in run.stdout
+    out = _in_a_child(script, LLTM_CUDA_EMULATE_CLUSTERS="0")
+    assert "LLTM_CUDA_CLUSTER=2 on a device without thread-block clusters" in out, out
 
 
 def test_a_cluster_the_device_cannot_co_schedule_shrinks_by_default_and_is_an_error_when_forced():
@@ -285,27 +283,17 @@ def test_a_cluster_the_device_cannot_co_schedule_shrinks_by_default_and_is_an_er
     its own settings: the default cluster halves to 4 and still matches the reference; a shape whose
     W_h needs 8 blocks runs per step, saying why; a forced 8 is an error."""
     script = (
-        "import os, sys, torch, lltm_core, lltm_cuda_emulated as m\n"
-        "from lltm_core.testing import make_sequence_inputs, max_rel_error, reference_sequence, tolerance\n"
-        "torch.manual_seed(int(sys.argv[1]))\n"
+        "m = t.lltm_cuda_emulated\n"
         "path, blocks, why = m.sequence_path(torch.float32, 3, 13)\n"
         "assert (path, blocks) == ('persistent', 4) and 'co-schedules no cluster of 8 blocks' in why, why\n"
-        "inputs = make_sequence_inputs(5, 3, 4, 13)\n"
-        "got = lltm_core.lltm_sequence(*inputs, backend='cuda_emulated')\n"
-        "want = reference_sequence(*[t.detach().double() for t in inputs])\n"
-        "assert all(max_rel_error(g, w) <= tolerance(torch.float32) for g, w in zip(got, want))\n"
+        "t._matches_the_reference(torch.float32, 'the default cluster, halved')\n"
         "path, _, why = m.sequence_path(torch.float32, 16, 300)\n"
         "assert path == 'per-step' and 'a cluster of 4 would need' in why, why\n"
         "os.environ['LLTM_CUDA_SEQUENCE'] = 'persistent'\n"
         "os.environ['LLTM_CUDA_CLUSTER'] = '8'\n"
         "try:\n    m.sequence_path(torch.float32, 3, 13)\nexcept RuntimeError as e:\n    print(e)\n")
-    env = {**os.environ, "LLTM_CUDA_EMULATE_CLUSTER_BLOCKS": "4"}
-    for name in ("LLTM_CUDA_SEQUENCE", "LLTM_CUDA_CLUSTER"):
-        env.pop(name, None)
-    run = subprocess.run([sys.executable, "-c", script, str(torch.initial_seed() % 2**31)], capture_output=True,
-                         text=True, env=env, timeout=300)
-    assert run.returncode == 0, run.stderr
-    assert "LLTM_CUDA_SEQUENCE=persistent, but the device co-schedules no cluster of 8 blocks" in run.stdout, run.stdout
+    out = _in_a_child(script, LLTM_CUDA_EMULATE_CLUSTER_BLOCKS="4")
+    assert "LLTM_CUDA_SEQUENCE=persistent, but the device co-schedules no cluster of 8 blocks" in out, out
 
 
 def test_explain_names_the_sequence_path(monkeypatch):
