@@ -6,7 +6,9 @@ For each architecture the installed build was compiled for, every kernel of each
   predictions in benchmarks/results/h200.md assume none);
 - fits a block of the launches' threads in one multiprocessor's registers, or the launch fails on
   the device ("too many resources requested"): the sources give no __launch_bounds__, so nothing
-  else holds ptxas to it.
+  else holds ptxas to it;
+- has no static shared memory, which the planner's count of a block's shared memory (all dynamic,
+  held to the device's opt-in limit) would miss.
 
 Runs on the real build (`nox -s cuda`), compiling each source again with the toolkit that built
 it, the build's flags and its architectures (about 10 s a source and architecture); the emulated
@@ -88,6 +90,8 @@ def _functions(report: str) -> dict[str, dict[str, int]]:
                                                        spill_loads=int(m.group(3)))
         elif m := re.search(r"Used (\d+) registers", line):
             functions.setdefault(entry, {})["registers"] = int(m.group(1))
+            if s := re.search(r"(\d+) bytes smem", line):
+                functions[entry]["static_shared"] = int(s.group(1))
     return functions
 
 
@@ -104,6 +108,10 @@ def test_no_kernel_spills_or_keeps_a_stack_frame_and_a_block_fits_a_multiprocess
     spilling = {name: f for name, f in functions.items() if f.get("stack", 0) or f.get("spill_stores", 0)
                 or f.get("spill_loads", 0)}
     assert not spilling, f"{source} for {arch}: spills or a stack frame in {spilling}"
+    # plan_sequence holds a block's dynamic shared memory to the device's opt-in limit: static
+    # shared memory would come on top, unplanned.
+    static = {name: f["static_shared"] for name, f in entries.items() if f.get("static_shared")}
+    assert not static, f"{source} for {arch}: static shared memory the planner does not count: {static}"
     budget = REGISTERS_PER_MULTIPROCESSOR // THREADS_PER_BLOCK
     over = {name: f["registers"] for name, f in entries.items()
             if -(-f["registers"] // REGISTER_UNIT) * REGISTER_UNIT > budget}
