@@ -49,12 +49,13 @@ KERNELS = {
 
 
 def _architectures() -> list[str]:
-    """The build's TORCH_CUDA_ARCH_LIST as nvcc's names: '8.0;9.0+PTX' gives sm_80 and sm_90."""
+    """The build's TORCH_CUDA_ARCH_LIST as nvcc's names: '8.0;9.0+PTX' gives sm_80 and sm_90, '9.0a' sm_90a."""
     names = []
     for entry in re.split(r"[;\s]+", lltm_cuda._build_info.ARCH_LIST.strip()):
         if entry:
-            major, minor = entry.removesuffix("+PTX").split(".")
-            names.append(f"sm_{major}{minor}")
+            m = re.fullmatch(r"(\d+)\.(\d+)([af]?)(\+PTX)?", entry)
+            assert m, f"TORCH_CUDA_ARCH_LIST entry {entry!r}: this test reads only numbered architectures (9.0, 8.6+PTX)"
+            names.append(f"sm_{m.group(1)}{m.group(2)}{m.group(3)}")
     return names
 
 
