@@ -1176,8 +1176,7 @@ SequencePlan plan_sequence(int device, ScalarType dtype, int64_t batch, int64_t 
   std::string smaller;
   while (cluster > 1 && cluster_capacity(device, dtype, batch, state_size, cluster) == 0) {
     const std::string refused = "the device co-schedules no cluster of " + std::to_string(cluster) + " blocks with " +
-                                std::to_string(shared_bytes(dtype, batch, state_size, cluster)) +
-                                " bytes of shared memory a block (cudaOccupancyMaxActiveClusters)";
+                                std::to_string(bytes) + " bytes of shared memory a block (cudaOccupancyMaxActiveClusters)";
     if (forced_cluster != 0) {
       return decline(refused);
     }
