@@ -949,16 +949,26 @@ struct DeviceLimits {
   int64_t multiprocessors;
 };
 
-DeviceLimits device_limits(int device) {
+// `ask()`'s answer for `key`, asked once: plan_sequence runs on every sequence call, and the runtime's
+// attribute and occupancy queries behind these answers need not.  Each caller's lambda is its own
+// type, so each gets its own table.
+template <typename Key, typename Ask>
+auto asked_once(const Key& key, Ask&& ask) {
   static std::mutex mutex;
-  static std::map<int, DeviceLimits> known;
+  static std::map<Key, decltype(ask())> known;
   const std::lock_guard<std::mutex> lock(mutex);
-  auto found = known.find(device);
+  auto found = known.find(key);
   if (found == known.end()) {
-    found = known.emplace(device, DeviceLimits{rt::launches_clusters(device), int64_t(rt::shared_per_block(device)),
-                                               int64_t(rt::multiprocessor_count(device))}).first;
+    found = known.emplace(key, ask()).first;
   }
   return found->second;
+}
+
+DeviceLimits device_limits(int device) {
+  return asked_once(device, [&] {
+    return DeviceLimits{rt::launches_clusters(device), int64_t(rt::shared_per_block(device)),
+                        int64_t(rt::multiprocessor_count(device))};
+  });
 }
 
 int64_t element_size(ScalarType dtype) { return dtype == ScalarType::Float ? 4 : dtype == ScalarType::Double ? 8 : 2; }
@@ -994,12 +1004,7 @@ std::pair<int64_t, int64_t> grid_shared_bytes(ScalarType dtype, int64_t batch, i
 // How many blocks of both grid kernels (with `bytes` of shared memory: grid_shared_bytes) the
 // device holds at once, asked once per device, dtype and size.
 int64_t grid_capacity(int device, ScalarType dtype, std::pair<int64_t, int64_t> bytes) {
-  static std::mutex mutex;
-  static std::map<std::tuple<int, int, int64_t, int64_t>, int64_t> known;
-  const std::lock_guard<std::mutex> lock(mutex);
-  const auto key = std::make_tuple(device, int(dtype), bytes.first, bytes.second);
-  auto found = known.find(key);
-  if (found == known.end()) {
+  return asked_once(std::make_tuple(device, int(dtype), bytes.first, bytes.second), [&] {
     int64_t blocks = 0;
     dispatch_persistent(dtype, [&](auto zero) {
       using scalar_t = decltype(zero);
@@ -1014,21 +1019,15 @@ int64_t grid_capacity(int device, ScalarType dtype, std::pair<int64_t, int64_t> 
         blocks = held(persistent_grid_forward_kernel<scalar_t>, persistent_grid_backward_kernel<scalar_t>);
       }
     });
-    found = known.emplace(key, blocks).first;
-  }
-  return found->second;
+    return blocks;
+  });
 }
 
 // How many clusters of `cluster` blocks of both cluster kernels, at their shared memory for `batch`
 // and `state_size`, the device runs at once (0: it co-schedules none), asked once per device, dtype
 // and size.
 int64_t cluster_capacity(int device, ScalarType dtype, int64_t batch, int64_t state_size, int cluster) {
-  static std::mutex mutex;
-  static std::map<std::tuple<int, int, int64_t, int64_t, int>, int64_t> known;
-  const std::lock_guard<std::mutex> lock(mutex);
-  const auto key = std::make_tuple(device, int(dtype), batch, state_size, cluster);
-  auto found = known.find(key);
-  if (found == known.end()) {
+  return asked_once(std::make_tuple(device, int(dtype), batch, state_size, cluster), [&] {
     int64_t clusters = 0;
     dispatch_persistent(dtype, [&](auto zero) {
       using scalar_t = decltype(zero);
@@ -1041,9 +1040,8 @@ int64_t cluster_capacity(int device, ScalarType dtype, int64_t batch, int64_t st
                                 rt::ClusterLaunch{"persistent_backward_kernel", cluster, rt::threads_per_block(), cluster,
                                                   size_t(backward_shared_bytes(element, batch, state_size, cluster))}));
     });
-    found = known.emplace(key, clusters).first;
-  }
-  return found->second;
+    return clusters;
+  });
 }
 
 // The grid path: at most one block a multiprocessor, each keeping its units' rows of W_h in shared
