@@ -136,6 +136,26 @@ __device__ __forceinline__ int64_t gate_offset(int64_t e, int64_t state_size) {
   return e + 2 * (e / state_size) * state_size;
 }
 
+// The three gates' VEC elements of element e (i, o, z), one aligned access each, and back.
+template <typename T, int VEC>
+struct GateVecs {
+  Vec<T, VEC> i, o, z;
+};
+
+template <int VEC, typename T>
+__device__ __forceinline__ GateVecs<T, VEC> load_gates(const T* gates, int64_t e, int64_t state_size) {
+  const T* const g = gates + gate_offset(e, state_size);
+  return {load<VEC>(g), load<VEC>(g + state_size), load<VEC>(g + 2 * state_size)};
+}
+
+template <int VEC, typename T>
+__device__ __forceinline__ void store_gates(T* gates, int64_t e, int64_t state_size, const GateVecs<T, VEC>& value) {
+  T* const g = gates + gate_offset(e, state_size);
+  store<VEC>(g, value.i);
+  store<VEC>(g + state_size, value.o);
+  store<VEC>(g + 2 * state_size, value.z);
+}
+
 // Whether row `row` takes part in step `step`: with lengths, only steps t < lengths[row] do (in
 // either direction; reversed, a row starts at its own last step).  A vector never crosses a row;
 // the per-step and the persistent sequence kernels both ask it.

@@ -33,15 +33,12 @@ __global__ void lltm_forward_kernel(
   using opmath_t = opmath_type<scalar_t>;
   const int64_t stride = int64_t(gridDim.x) * blockDim.x * VEC;
   for (int64_t e = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) * VEC; e < numel; e += stride) {
-    const int64_t g = gate_offset(e, state_size);
-    const auto pre_i = load<VEC>(gates + g);
-    const auto pre_o = load<VEC>(gates + g + state_size);
-    const auto pre_z = load<VEC>(gates + g + 2 * state_size);
+    const auto pre = load_gates<VEC>(gates, e, state_size);
     const auto cell_in = load<VEC>(old_cell + e);
     Vec<scalar_t, VEC> h, c, t;
 #pragma unroll
     for (int k = 0; k < VEC; ++k) {
-      const auto out = cell_forward<opmath_t>(pre_i.v[k], pre_o.v[k], pre_z.v[k], cell_in.v[k]);
+      const auto out = cell_forward<opmath_t>(pre.i.v[k], pre.o.v[k], pre.z.v[k], cell_in.v[k]);
       c.v[k] = out.cell;
       t.v[k] = out.tanh_cell;
       h.v[k] = out.h;
@@ -60,25 +57,21 @@ __global__ void lltm_backward_kernel(
   using opmath_t = opmath_type<scalar_t>;
   const int64_t stride = int64_t(gridDim.x) * blockDim.x * VEC;
   for (int64_t e = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) * VEC; e < numel; e += stride) {
-    const int64_t g = gate_offset(e, state_size);
-    const auto pre_i = load<VEC>(gates + g);
-    const auto pre_o = load<VEC>(gates + g + state_size);
-    const auto pre_z = load<VEC>(gates + g + 2 * state_size);
+    const auto pre = load_gates<VEC>(gates, e, state_size);
     const auto tanh_c = load<VEC>(tanh_cell + e);
     const auto dh = load<VEC>(grad_h + e);
     const auto dc = load<VEC>(grad_cell + e);
-    Vec<scalar_t, VEC> d_i, d_o, d_z, d_cell_out;
+    GateVecs<scalar_t, VEC> d;
+    Vec<scalar_t, VEC> d_cell_out;
 #pragma unroll
     for (int k = 0; k < VEC; ++k) {
-      const auto grad = cell_backward<opmath_t>(pre_i.v[k], pre_o.v[k], pre_z.v[k], tanh_c.v[k], dh.v[k], dc.v[k]);
-      d_i.v[k] = grad.d_i;
-      d_o.v[k] = grad.d_o;
-      d_z.v[k] = grad.d_z;
+      const auto grad = cell_backward<opmath_t>(pre.i.v[k], pre.o.v[k], pre.z.v[k], tanh_c.v[k], dh.v[k], dc.v[k]);
+      d.i.v[k] = grad.d_i;
+      d.o.v[k] = grad.d_o;
+      d.z.v[k] = grad.d_z;
       d_cell_out.v[k] = grad.d_old_cell;
     }
-    store<VEC>(d_gates + g, d_i);
-    store<VEC>(d_gates + g + state_size, d_o);
-    store<VEC>(d_gates + g + 2 * state_size, d_z);
+    store_gates<VEC>(d_gates, e, state_size, d);
     store<VEC>(grad_old_cell + e, d_cell_out);
   }
 }

@@ -298,12 +298,13 @@ __device__ __forceinline__ void mma_store(float* p, const MmaSums& sums, unsigne
   nvcuda::wmma::store_matrix_sync(p, sums, ld, nvcuda::wmma::mem_row_major);
 }
 
-// The cluster: on sm_90 the hardware's; compiled for an older GPU a kernel runs as a cluster of one
-// (the host launches it so there), so the same source compiles for sm_80.
 // The grid barrier of a cooperative launch: every thread of every block arrives before any leaves,
 // and what each wrote to global memory before it is visible to all after it.
 __device__ __forceinline__ void grid_sync() { cooperative_groups::this_grid().sync(); }
 
+// The cluster: on sm_90 the hardware's, whose barrier also orders the blocks' writes to each
+// other's shared memory; compiled for an older GPU a kernel runs as a cluster of one (the host
+// launches it so there), so the same source compiles for sm_80.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 __device__ __forceinline__ unsigned cluster_rank() { return cooperative_groups::this_cluster().block_rank(); }
 __device__ __forceinline__ unsigned cluster_blocks() { return cooperative_groups::this_cluster().num_blocks(); }

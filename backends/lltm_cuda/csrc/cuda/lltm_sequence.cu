@@ -58,14 +58,11 @@ __global__ void sequence_forward_step_kernel(
       }
       continue;
     }
-    const int64_t g = gate_offset(e, state_size);
-    const auto pre_i = load<VEC>(gates + g);
-    const auto pre_o = load<VEC>(gates + g + state_size);
-    const auto pre_z = load<VEC>(gates + g + 2 * state_size);
+    const auto pre = load_gates<VEC>(gates, e, state_size);
     auto c = load<VEC>(cell + e);
 #pragma unroll
     for (int k = 0; k < VEC; ++k) {
-      const auto out = cell_forward<opmath_t>(pre_i.v[k], pre_o.v[k], pre_z.v[k], c.v[k]);
+      const auto out = cell_forward<opmath_t>(pre.i.v[k], pre.o.v[k], pre.z.v[k], c.v[k]);
       c.v[k] = out.cell;
       tanh_c.v[k] = out.tanh_cell;
       new_h.v[k] = out.h;
@@ -93,21 +90,16 @@ __global__ void sequence_backward_step_kernel(
   using opmath_t = opmath_type<scalar_t>;
   const int64_t stride = int64_t(gridDim.x) * blockDim.x * VEC;
   for (int64_t e = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) * VEC; e < numel; e += stride) {
-    const int64_t g = gate_offset(e, state_size);
-    Vec<scalar_t, VEC> d_i, d_o, d_z;
+    GateVecs<scalar_t, VEC> d;
     if (!takes_part(lengths, e / state_size, step)) {
 #pragma unroll
       for (int k = 0; k < VEC; ++k) {
-        d_i.v[k] = scalar_t(0);
+        d.i.v[k] = d.o.v[k] = d.z.v[k] = scalar_t(0);
       }
-      store<VEC>(d_gates + g, d_i);
-      store<VEC>(d_gates + g + state_size, d_i);
-      store<VEC>(d_gates + g + 2 * state_size, d_i);
+      store_gates<VEC>(d_gates, e, state_size, d);
       continue;
     }
-    const auto pre_i = load<VEC>(gates + g);
-    const auto pre_o = load<VEC>(gates + g + state_size);
-    const auto pre_z = load<VEC>(gates + g + 2 * state_size);
+    const auto pre = load_gates<VEC>(gates, e, state_size);
     const auto tanh_c = load<VEC>(tanh_cell + e);
     const auto dh = load<VEC>(grad_h + e);
     const auto d_out = load<VEC>(grad_output + e);
@@ -116,15 +108,13 @@ __global__ void sequence_backward_step_kernel(
     for (int k = 0; k < VEC; ++k) {
       // The gradient of h_t: from the output at step t and from the steps after it.
       const opmath_t grad_h_t = opmath_t(dh.v[k]) + opmath_t(d_out.v[k]);
-      const auto grad = cell_backward<opmath_t>(pre_i.v[k], pre_o.v[k], pre_z.v[k], tanh_c.v[k], grad_h_t, dc.v[k]);
-      d_i.v[k] = grad.d_i;
-      d_o.v[k] = grad.d_o;
-      d_z.v[k] = grad.d_z;
+      const auto grad = cell_backward<opmath_t>(pre.i.v[k], pre.o.v[k], pre.z.v[k], tanh_c.v[k], grad_h_t, dc.v[k]);
+      d.i.v[k] = grad.d_i;
+      d.o.v[k] = grad.d_o;
+      d.z.v[k] = grad.d_z;
       dc.v[k] = grad.d_old_cell;
     }
-    store<VEC>(d_gates + g, d_i);
-    store<VEC>(d_gates + g + state_size, d_o);
-    store<VEC>(d_gates + g + 2 * state_size, d_z);
+    store_gates<VEC>(d_gates, e, state_size, d);
     store<VEC>(grad_cell + e, dc);
     if (lengths != nullptr) {
       Vec<scalar_t, VEC> zero;
