@@ -9,7 +9,9 @@ is not; the untouched sources pass the same tests.  The persistent kernel's defe
 would show only sometimes: the emulator's barriers and NaN-filled shared memory make each fail the
 kit under every seed tried (25 to 60 each).  A single case with few steps can still come out right
 under some thread orders (one step of the split sums' race, 6 seeds in 60), so the cases a race
-must fail are ones that run many steps.
+must fail are ones that run many steps.  LLTM_CUDA_DEFECT_SEEDS=N runs each defect's kit under the
+thread orders of seeds 0..N-1 instead of the session's one, and reports every seed a defect
+survived: how those counts are taken (about 20 s a run of the kit).
 
 Runs on the emulated build (`nox -s cuda_emulated`); elsewhere it skips, saying so.
 """
@@ -185,8 +187,11 @@ def variants(tmp_path_factory):
     return libraries
 
 
-def _kit(library: Path | None, kit=tuple(KIT), path=tuple(PER_STEP.items())) -> tuple[int, str]:
+def _kit(library: Path | None, kit=tuple(KIT), path=tuple(PER_STEP.items()),
+         seed: str | None = None) -> tuple[int, str]:
     env = {**os.environ, **dict(path)}
+    if seed is not None:
+        env["LLTM_CUDA_EMULATE_SEED"] = seed
     env.pop(lltm_cuda_emulated.ENV_EMULATED_LIBRARY, None)
     if library is not None:
         env[lltm_cuda_emulated.ENV_EMULATED_LIBRARY] = str(library)
@@ -203,13 +208,38 @@ def test_the_sources_as_they_are_pass(path):
     assert code == 0, out
 
 
+def _seeds() -> list[str | None]:
+    """The thread orders each defect's kit runs under: the session's (None), or LLTM_CUDA_DEFECT_SEEDS=N's 0..N-1."""
+    count = os.environ.get("LLTM_CUDA_DEFECT_SEEDS", "").strip()
+    if not count:
+        return [None]
+    assert count.isdigit() and int(count) > 0, f"LLTM_CUDA_DEFECT_SEEDS={count!r}: expected a positive integer"
+    return [str(seed) for seed in range(int(count))]
+
+
+def _caught(defect: Defect, code: int, out: str) -> str | None:
+    """None if the kit's run failed where ``defect`` is and said what is wrong, else what it missed."""
+    failed = re.findall(r"^FAILED \S+?\[cuda_emulated-([^\]]+)\]", out, flags=re.MULTILINE)
+    if code != 1 or not failed:
+        return f"the kit did not fail (exit {code})"
+    missed = [test_id for test_id in defect.must_fail if test_id not in failed]
+    if missed:
+        return f"expected {missed} to fail; failed: {failed}"
+    elsewhere = [t for t in failed if not re.search(defect.fails, t)]
+    if elsewhere:
+        return f"tests away from the defect failed too: {elsewhere}"
+    if not re.search(defect.says, out):
+        return f"no failure says {defect.says!r}"
+    return None
+
+
 @pytest.mark.parametrize("defect", DEFECTS, ids=[d.name for d in DEFECTS])
 def test_the_kit_catches_and_names_the_defect(variants, defect):
-    code, out = _kit(variants[defect.name], defect.kit, defect.env)
-    failed = re.findall(r"^FAILED \S+?\[cuda_emulated-([^\]]+)\]", out, flags=re.MULTILINE)
-    assert code == 1 and failed, f"{defect.name}: the kit did not fail (exit {code}):\n{out}"
-    for test_id in defect.must_fail:
-        assert test_id in failed, f"{defect.name}: expected [{test_id}] to fail; failed: {failed}\n{out}"
-    elsewhere = [t for t in failed if not re.search(defect.fails, t)]
-    assert not elsewhere, f"{defect.name}: tests away from the defect failed too: {elsewhere}\n{out}"
-    assert re.search(defect.says, out), f"{defect.name}: no failure says {defect.says!r}:\n{out}"
+    missed = {}
+    for seed in _seeds():
+        code, out = _kit(variants[defect.name], defect.kit, defect.env, seed)
+        if (why := _caught(defect, code, out)) is not None:
+            missed[seed] = (why, out)
+    assert not missed, (f"{defect.name}: " + "; ".join(f"seed {s or 'of the session'}: {why}"
+                                                       for s, (why, _) in missed.items())
+                        + "\n" + next(iter(missed.values()))[1])
