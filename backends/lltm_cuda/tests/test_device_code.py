@@ -66,7 +66,9 @@ def _ptxas_report(source: str, arch: str) -> str:
         pytest.skip(f"the CUDA toolkit that built lltm-cuda ({lltm_cuda._build_info.CUDA_HOME}) is not on this "
                     f"machine: nox -s cuda builds and reads the kernels")
     includes = [f"-I{p}" for p in cpp_extension.include_paths("cuda")]
-    command = [str(nvcc), "-cubin", f"-arch={arch}", "-Xptxas", "-v", "-std=c++17",
+    # The build's standard as its record names it; c++17 (nvcc's own default) where it has none.
+    standard = getattr(lltm_cuda._build_info, "NVCC_STANDARD", None) or "c++17"
+    command = [str(nvcc), "-cubin", f"-arch={arch}", "-Xptxas", "-v", f"-std={standard}",
                "-DUSE_CUDA",  # as setup.py's define_macros
                *cpp_extension.COMMON_NVCC_FLAGS, *setup.NVCC_FLAGS, *includes,
                str(ROOT / source), "-o", "/dev/null"]
