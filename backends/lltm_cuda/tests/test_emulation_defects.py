@@ -11,7 +11,7 @@ kit under every seed tried (25 to 60 each).  A single case with few steps can st
 under some thread orders (one step of the split sums' race, 6 seeds in 60), so the cases a race
 must fail are ones that run many steps.  LLTM_CUDA_DEFECT_SEEDS=N runs each defect's kit under the
 thread orders of seeds 0..N-1 instead of the session's one, and reports every seed a defect
-survived: how those counts are taken (about 20 s a run of the kit).
+survived: how those counts are taken (a few seconds a run of the kit).
 
 Runs on the emulated build (`nox -s cuda_emulated`); elsewhere it skips, saying so.
 """
