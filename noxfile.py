@@ -388,8 +388,9 @@ def triton(session):
     so it is set for the session's commands, after `lltm info` has shown lltm-triton's reason for
     being unavailable without it.  The interpreter runs the kernels with numpy, a program at a time,
     so this is one of CI's slowest sessions (the kit's 701-step inference test and the float64
-    gradchecks are most of it).  What it cannot check is in backends/lltm_triton/tests/test_gpu.py,
-    run on a GPU by benchmarks/gpu_check.sh.
+    gradchecks are most of it).  test_compiled.py, in a process without the interpreter, compiles every
+    kernel variant for sm_90 with Triton's compiler (no GPU needed).  What neither can check is in
+    backends/lltm_triton/tests/test_gpu.py, run on a GPU by benchmarks/gpu_check.sh.
     """
     session.install(TORCH_CPU, TRITON, *BUILD_TOOLS, *TEST_TOOLS)
     session.install("--no-build-isolation", "--no-deps", ".", "./backends/lltm_ref", "./backends/lltm_triton")

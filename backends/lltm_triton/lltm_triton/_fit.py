@@ -8,8 +8,9 @@ for the sequence, W_h resident, then streaming at the default tiles, then at eac
 two down to 16; for the cell, its tiles, then halved down to 16.  The first that loads runs; one
 that did not is remembered, per kernel, device, dtype, S and tiles, so later calls go straight to
 the one that fitted.  Past the smallest, an error says to use lltm-cuda.  The interpreter compiles
-nothing and never raises it: tests/test_kernels.py raises OutOfResources by hand, and
-tests/test_gpu.py meets a real one.
+nothing and never raises it: tests/test_kernels.py raises OutOfResources by hand, tests/test_gpu.py
+meets a real one, and tests/test_compiled.py compiles every variant for sm_90 without a GPU and
+checks its bytes against these limits.
 """
 
 from __future__ import annotations

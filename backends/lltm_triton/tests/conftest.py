@@ -3,7 +3,8 @@
 TRITON_INTERPRET=1 must be in the environment before Python starts: Triton reads it when each
 @triton.jit function is defined, its own tl.zeros and the like included, and torch imports triton
 early.  Without a GPU and without it there is nothing to run the kernels on: that is a usage
-error, not a skip (nox -s triton sets it).  What the interpreter cannot check is in test_gpu.py.
+error, not a skip (nox -s triton sets it).  What the interpreter cannot check is in test_gpu.py;
+test_compiled.py compiles the kernels for sm_90 in a process of its own, without it.
 """
 
 from __future__ import annotations

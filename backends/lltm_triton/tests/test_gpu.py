@@ -9,9 +9,10 @@ The interpreter's gaps, each with the test here that covers it:
   its bfloat16 MMA, and it truncates float32 -> bfloat16 (pointwise.to_storage rounds first):
   test_bfloat16_on_the_mma;
 * it has no TF32: test_tf32_follows_torch;
-* it compiles nothing, so whether W_h fits on chip (registers, shared memory, spills) is only seen
-  when Triton compiles for a real GPU: test_resident_kernels_compile_at_the_limit; nor does Triton's
-  OutOfResources come there, which _fit.py falls back from: test_too_large_falls_back.
+* it compiles nothing.  test_compiled.py compiles every variant for sm_90 without a GPU (shared
+  memory, registers, spills); whether a GPU loads and runs the largest W_h kept on chip:
+  test_resident_kernels_compile_at_the_limit; nor does Triton's OutOfResources come under the
+  interpreter, which _fit.py falls back from: test_too_large_falls_back.
 
 Needs a CUDA GPU; elsewhere every test skips with the reason.  With LLTM_REQUIRE_GPU=1
 (gpu_check.sh on the GPU machine) that reason is an error instead: there a skip would read as a pass.
