@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 
 from . import _pointwise as pw
-from ._config import accumulator, block, dot_dtype, dot_precision
+from ._config import LAUNCH_OPTIONS, accumulator, block, dot_dtype, dot_precision
 from ._fit import first_that_fits, halvings
 
 
@@ -178,7 +178,7 @@ def forward(input, weights, bias, old_h, old_cell):
         grid = (triton.cdiv(B, tiles["BLOCK_B"]), triton.cdiv(S, tiles["BLOCK_S"]))
         kernel[grid](input, old_h, old_cell, weights, bias, new_h, new_c, X, gates, tanh_c, B, I, S,
                      ACC=accumulator(input.dtype), DOT=dot_dtype(input.dtype), PRECISION=dot_precision(input.dtype),
-                     **tiles)
+                     **tiles, **LAUNCH_OPTIONS)
 
     # Smaller tiles only where the GPU's shared memory refuses these (_fit.py).
     configs = [(_forward_kernel, dict(BLOCK_B=block(B, caps["B"]), BLOCK_S=block(S, caps["S"]),
@@ -204,7 +204,8 @@ def backward(grad_h, grad_cell, weights, X, gates, tanh_cell, needs_grad_X):
         x_programs = triton.cdiv(B, tiles["BLOCK_B"]) * n_blocks if needs_grad_X else 0
         kernel[(weight_programs + x_programs,)](grad_h, grad_cell, weights, X, gates, tanh_cell,
                grad_X, grad_w, grad_b, grad_old_c, B, I, S, weight_programs,
-               ACC=accumulator(X.dtype), DOT=dot_dtype(X.dtype), PRECISION=dot_precision(X.dtype), **tiles)
+               ACC=accumulator(X.dtype), DOT=dot_dtype(X.dtype), PRECISION=dot_precision(X.dtype), **tiles,
+               **LAUNCH_OPTIONS)
 
     configs = [(_backward_kernel, dict(BLOCK_B=block(B, caps["B"]), BLOCK_S=block(S, caps["S"]),
                                        BLOCK_N=block(S + I, caps["N"])))

@@ -34,7 +34,7 @@ import triton.language as tl
 from lltm_ref import sequence_gemm_gradients  # lltm-ref comes with lltm-core
 
 from . import _pointwise as pw
-from ._config import accumulator, block, dot_dtype, dot_precision
+from ._config import LAUNCH_OPTIONS, accumulator, block, dot_dtype, dot_precision
 from ._fit import first_that_fits, halvings
 from ._policy import BLOCK_B, resident, state_pad, w_h_bytes
 
@@ -323,7 +323,8 @@ STREAM_TILE = {8: 32, 4: 64, 2: 64}
 
 
 def _common(dtype: torch.dtype) -> dict:
-    return dict(ACC=accumulator(dtype), DOT=dot_dtype(dtype), PRECISION=dot_precision(dtype), BLOCK_B=BLOCK_B)
+    return dict(ACC=accumulator(dtype), DOT=dot_dtype(dtype), PRECISION=dot_precision(dtype), BLOCK_B=BLOCK_B,
+                **LAUNCH_OPTIONS)
 
 
 def _tiles(dtype: torch.dtype, S: int) -> list[dict]:
