@@ -105,6 +105,7 @@ def _calls():
     """(description, function) for each wrapper call whose launches are compiled."""
     def sequence(dtype, T, B, I, S, lengths=False, needs_backward=True, tf32=False):
         def run():
+            allowed = torch.backends.cuda.matmul.allow_tf32
             torch.backends.cuda.matmul.allow_tf32 = tf32  # read by _config.dot_precision as the wrapper launches
             try:
                 x, w, b, h0, c0 = (t.detach() for t in make_sequence_inputs(T, B, I, S, dtype=dtype))
@@ -114,7 +115,7 @@ def _calls():
                     sequence_module.sequence_backward(out[0], out[1], out[2], w, x, h0, out[0], lens, out[3], out[4],
                                                       False, True)
             finally:
-                torch.backends.cuda.matmul.allow_tf32 = False
+                torch.backends.cuda.matmul.allow_tf32 = allowed
         return run
 
     def cell(dtype, B, I, S):
