@@ -40,9 +40,9 @@ from triton.runtime.jit import create_function_from_signature  # noqa: E402
 
 import lltm_triton._cell as cell_module  # noqa: E402
 import lltm_triton._sequence as sequence_module  # noqa: E402
+from _helpers import DTYPES  # noqa: E402 - the test modules' dtypes (this file runs from their folder)
 from lltm_core.testing import make_inputs, make_sequence_inputs  # noqa: E402
 
-DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 #: (T, B, I, S) of the sequence.  Triton compiles integers divisible by 16 differently from others
 #: (and pointers alike), so both kinds: B16 I8 as test_gpu.py's compile-at-the-limit test runs them, at
 #: the largest W_h kept on chip (S64 in float32 and float64, S128 in 16-bit); B20 I24 with S37, whose

@@ -75,4 +75,3 @@ def test_every_ladder_ends_in_a_variant_smaller_gpus_load(variants):
     over = [f"{_name(v)}: {v['shared']} bytes" for v in variants
             if v["rank"] == v["ladder"] - 1 and not v["error"] and v["shared"] > SMALLEST_GPU_SHARED_BYTES]
     assert not over, f"the smallest variant is over {SMALLEST_GPU_SHARED_BYTES} bytes a block:\n" + "\n".join(over)
-
