@@ -85,10 +85,9 @@ def build_info(library: Path, extra: str = "") -> str:
     )
 
 
-def build_ext(base, extra_info: str = "", info_after_compile=None):
+def build_ext(base, extra_info: str = ""):
     """``base`` (torch's BuildExtension, or a subclass) that always rebuilds and writes
-    _build_info.py (build_info with ``extra_info``, then ``info_after_compile(command)``'s lines: what is
-    known only once the compiler has run) beside each library it links."""
+    _build_info.py (build_info with ``extra_info``) beside each library it links."""
 
     class BuildExtensionWithInfo(base):
         def finalize_options(self):
@@ -104,7 +103,6 @@ def build_ext(base, extra_info: str = "", info_after_compile=None):
             # another torch must not relabel an editable install's library.
             for ext in self.extensions:
                 library = Path(self.get_ext_fullpath(ext.name))
-                extra = extra_info + (info_after_compile(self) if info_after_compile is not None else "")
-                library.with_name("_build_info.py").write_text(build_info(library, extra))
+                library.with_name("_build_info.py").write_text(build_info(library, extra_info))
 
     return BuildExtensionWithInfo

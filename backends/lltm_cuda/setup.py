@@ -31,7 +31,6 @@ It is never part of a user's install.
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import sys
 from pathlib import Path
@@ -47,7 +46,10 @@ DEFAULT_ARCH_LIST = "8.0;9.0+PTX"
 # (static initialisers) are needed from outside, so nothing else is exported.
 CXX_FLAGS = [lltm_build.TARGET_MACRO, "-fvisibility=hidden", "-g0"]
 LINK_FLAGS = ["-Wl,--strip-debug"]
-NVCC_FLAGS = ["-O3", lltm_build.TARGET_MACRO, "-Xcompiler", "-fvisibility=hidden"]
+# The C++ standard is named, not left to torch's build (c++20 from torch 2.13 on, whether it runs
+# ninja or not), so that every torch builds the kernels alike and tests/test_device_code.py
+# compiles them again with exactly these flags.
+NVCC_FLAGS = ["-O3", "-std=c++20", lltm_build.TARGET_MACRO, "-Xcompiler", "-fvisibility=hidden"]
 
 
 def build_info(arch_list: str, cuda_home: str = "", emulated: bool = False, cuda_version: str | None = None) -> str:
@@ -59,16 +61,6 @@ def build_info(arch_list: str, cuda_home: str = "", emulated: bool = False, cuda
         f"CUDA_HOME = {cuda_home!r}\n"
         + ("EMULATED = True  # LLTM_CUDA_EMULATE=1: the kernels compiled for the CPU, test-only\n" if emulated else "")
     )
-
-
-def nvcc_standard(command) -> str:
-    """_build_info.py's line for the C++ standard torch's build gave nvcc (setup.py names none, so
-    torch's choice: c++20 on torch 2.13 and 2.14), read from the ninja file it wrote; None where it used
-    no ninja.  tests/test_device_code.py compiles the kernels again with it."""
-    ninja = Path(command.build_temp) / "build.ninja"
-    text = ninja.read_text() if ninja.is_file() else ""
-    found = re.search(r"^cuda_post_cflags = .*?-std=(\S+)", text, re.MULTILINE)
-    return f"NVCC_STANDARD = {found.group(1) if found else None!r}  # nvcc's -std in this build\n"
 
 
 # The sources of both builds: the emulated one reaches the same .cu files through csrc/emulation/*.cpp.
@@ -171,7 +163,7 @@ def main() -> None:
                 py_limited_api=True,
             )
         ],
-        cmdclass={"build_ext": lltm_build.build_ext(BuildExtension, info, nvcc_standard)},
+        cmdclass={"build_ext": lltm_build.build_ext(BuildExtension, info)},
         entry_points={"lltm.backends": ["cuda = lltm_cuda:load_backend"]},
         **lltm_build.setup_kwargs(build={"build_base": "build"}),
     )

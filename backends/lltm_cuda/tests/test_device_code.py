@@ -66,9 +66,7 @@ def _ptxas_report(source: str, arch: str) -> str:
         pytest.skip(f"the CUDA toolkit that built lltm-cuda ({lltm_cuda._build_info.CUDA_HOME}) is not on this "
                     f"machine: nox -s cuda builds and reads the kernels")
     includes = [f"-I{p}" for p in cpp_extension.include_paths("cuda")]
-    # The build's standard as its record names it; c++17 (nvcc's own default) where it has none.
-    standard = getattr(lltm_cuda._build_info, "NVCC_STANDARD", None) or "c++17"
-    command = [str(nvcc), "-cubin", f"-arch={arch}", "-Xptxas", "-v", f"-std={standard}",
+    command = [str(nvcc), "-cubin", f"-arch={arch}", "-Xptxas", "-v",
                "-DUSE_CUDA",  # as setup.py's define_macros
                *cpp_extension.COMMON_NVCC_FLAGS, *setup.NVCC_FLAGS, *includes,
                str(ROOT / source), "-o", "/dev/null"]
