@@ -196,6 +196,16 @@ def ratios(times: dict) -> dict:
     return {name: statistics.median(t / b for t, b in zip(times[name], times[BASELINE])) for name in times}
 
 
+def quartiles(times: dict, name: str) -> str:
+    """The first and third quartiles of name's per-round ratios to nn.LSTM, "0.55-0.61": how far a
+    median's distance from its bar stands out of the machine's noise."""
+    per_round = [t / b for t, b in zip(times[name], times[BASELINE])]
+    if len(per_round) < 2:
+        return "-"
+    first, _, third = statistics.quantiles(per_round, n=4)
+    return f"{first:.2f}-{third:.2f}"
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -238,9 +248,9 @@ def main(argv=None) -> int:
               "| kernel | G multiply-adds / s |", "| --- | --- |"]
     lines += [f"| {name} | {rate / 1e9:.1f} |" for name, rate in peaks.items()] or ["| (none measured) | |"]
     lines.append("")
-    lines += ["## Targets (LLTMLayer / nn.LSTM, median of per-round ratios)", "",
-              "| dtype | size | fwd+bwd | bar | fwd | bar | met | fwd+bwd of peak: lltm-cpu / nn.LSTM |",
-              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    lines += ["## Targets (LLTMLayer / nn.LSTM, median of per-round ratios, and their quartiles)", "",
+              "| dtype | size | fwd+bwd | quartiles | bar | fwd | quartiles | bar | met | fwd+bwd of peak: lltm-cpu / nn.LSTM |",
+              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for (dtype_name, size), (train_bar, infer_bar) in TARGETS.items():
         if (dtype_name, size, "fwd") not in results:
             continue
@@ -254,8 +264,9 @@ def main(argv=None) -> int:
             f"{multiply_adds(name, 'fwd+bwd', *SIZES[size]) / statistics.median(times[name]) / held_against[1]:.0%}"
             for name in (LAYER, BASELINE)) if held_against else "-"
         # Three decimals: a ratio printed 0.65 may be above a 0.65 bar.
-        lines.append(f"| {dtype_name} | {size} | {train:.3f} | ≤ {train_bar:.2f} | {infer:.3f} | ≤ {infer_bar:.2f} | "
-                     f"{met} | {fractions} |")
+        spread = {mode: quartiles(results[dtype_name, size, mode][0], LAYER) for mode in ("fwd+bwd", "fwd")}
+        lines.append(f"| {dtype_name} | {size} | {train:.3f} | {spread['fwd+bwd']} | ≤ {train_bar:.2f} | {infer:.3f} | "
+                     f"{spread['fwd']} | ≤ {infer_bar:.2f} | {met} | {fractions} |")
     lines.append("")
     for (dtype_name, size, mode), (times, ratio, by_place) in results.items():
         held_against = roofline_peak(peaks, dtype_name)
