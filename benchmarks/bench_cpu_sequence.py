@@ -191,18 +191,22 @@ def measure(calls_by_name: dict, rounds: int, calls: int) -> tuple[dict, dict]:
     return times, by_place
 
 
+def per_round(times: dict, name: str) -> list[float]:
+    """name's time / nn.LSTM's time, round by round."""
+    return [t / b for t, b in zip(times[name], times[BASELINE])]
+
+
 def ratios(times: dict) -> dict:
     """name -> median over rounds of (name's time / nn.LSTM's time in the same round)."""
-    return {name: statistics.median(t / b for t, b in zip(times[name], times[BASELINE])) for name in times}
+    return {name: statistics.median(per_round(times, name)) for name in times}
 
 
 def quartiles(times: dict, name: str) -> str:
     """The first and third quartiles of name's per-round ratios to nn.LSTM, "0.55-0.61": how far a
     median's distance from its bar stands out of the machine's noise."""
-    per_round = [t / b for t, b in zip(times[name], times[BASELINE])]
-    if len(per_round) < 2:
+    if len(times[name]) < 2:
         return "-"
-    first, _, third = statistics.quantiles(per_round, n=4)
+    first, _, third = statistics.quantiles(per_round(times, name), n=4)
     return f"{first:.2f}-{third:.2f}"
 
 
