@@ -3,9 +3,9 @@
 The interpreter compiles nothing; a GPU is not always at hand.  compile_for_gpu.py compiles every
 variant each wrapper may launch with Triton's own compiler and ptxas for sm_90, no GPU or driver
 needed, and these tests check what a GPU's loader would: that each compiles, and that its shared
-memory is within the limits _policy and _fit.py rely on.  One process compiles them all (about two
-minutes on two cores with Triton's cache empty, seconds with it warm).  On a GPU, test_gpu.py loads the
-kernels for real; benchmarks/gpu_check.sh leaves this module out there.
+memory is within the limits _policy and _fit.py rely on.  One process compiles them all (161
+kernels: two to three minutes on one core with Triton's cache empty, seconds with it warm).  On a
+GPU, test_gpu.py loads the kernels for real; benchmarks/gpu_check.sh leaves this module out there.
 """
 
 from __future__ import annotations
