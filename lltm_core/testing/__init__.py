@@ -149,27 +149,31 @@ def reference_sequence(input, weights, bias, h0, c0, *, lengths=None, reverse=Fa
 
     Sequence b runs its first ``lengths[b]`` steps only (all T without
     lengths), in reverse order if ``reverse``, from its own h0[b], c0[b]; its
-    outputs past its length are zero.  Running each sequence alone, with no
-    masking at all, keeps the oracle independent of how backends mask.
-    Returns (output (T, B, S), h_n (B, S), c_n (B, S)).
+    outputs past its length are zero.  No sequence is masked: the sequences of
+    one length run together, as a batch of rows that never mix (each row's
+    products are its own), so each runs exactly its steps, however backends
+    mask.  Returns (output (T, B, S), h_n (B, S), c_n (B, S)).
     """
     T, B, _ = input.shape
     S = h0.shape[1]
     if B == 0:
         return input.new_zeros(T, 0, S), h0.clone(), c0.clone()
-    outputs, h_n, c_n = [], [], []
-    for b in range(B):
-        steps = T if lengths is None else int(lengths[b])
-        h, c = h0[b : b + 1], c0[b : b + 1]
-        rows = [None] * steps
+    steps_of = [T] * B if lengths is None else [int(n) for n in lengths]
+    outputs, h_n, c_n, order = [], [], [], []
+    for steps in sorted(set(steps_of)):
+        rows = [b for b in range(B) if steps_of[b] == steps]
+        index = torch.tensor(rows, device=input.device)
+        h, c = h0[index], c0[index]
+        per_step = [input.new_zeros(len(rows), S)] * T
         for t in (range(steps - 1, -1, -1) if reverse else range(steps)):
-            h, c = reference_lltm(input[t, b : b + 1], weights, bias, h, c)
-            rows[t] = h
-        padding = [input.new_zeros(1, S)] * (T - steps)
-        outputs.append(torch.cat(rows + padding))
+            h, c = reference_lltm(input[t, index], weights, bias, h, c)
+            per_step[t] = h
+        outputs.append(torch.stack(per_step))
         h_n.append(h)
         c_n.append(c)
-    return torch.stack(outputs, dim=1), torch.cat(h_n), torch.cat(c_n)
+        order += rows
+    back = torch.tensor(order, device=input.device).argsort()  # row b of the batch is row back[b] of the groups
+    return torch.cat(outputs, dim=1)[:, back], torch.cat(h_n)[back], torch.cat(c_n)[back]
 
 
 def reference_layer(parameters: dict, num_layers: int, bidirectional: bool, input, h0, c0, *, lengths=None):
