@@ -651,7 +651,7 @@ def test_forced_gemm_routes_in_subprocess(route, lltm_seed):
             assert f"LLTM_CPU_GEMM={route} has no route for {dtype} tensors" in result["errors"][dtype], result
         else:
             assert chosen == {expected} and dtype not in result["errors"], result
-    # The conformance kit's sequence checks (reference, gradcheck, opcheck, torch.compile), on this route.
+    # The conformance kit's sequence checks (reference, gradcheck, opcheck), on this route.
     kit = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--pyargs", "lltm_core.testing",
            "--lltm-backend", "cpu", "--lltm-seed", str(lltm_seed), "-rs",
            "-k", kit_selection(route),
@@ -667,15 +667,15 @@ def test_forced_gemm_routes_in_subprocess(route, lltm_seed):
         assert run.returncode == 0, f"with LLTM_CPU_GEMM={route}:\n{run.stdout[-4000:]}{run.stderr[-2000:]}"
 
 
+# The kit's sequence checks under a forced route or split, less its torch.compile checks: those
+# trace the operators' schemas and fake kernels, the same whichever route runs inside, and compile
+# afresh (no cache) each time, the longest part of each run; the default run of the kit has them.
+FORCED_KIT = "sequence and not compile_fullgraph"
+
+
 def kit_selection(route: str) -> str:
-    """The kit's sequence checks that run on dtypes `route` serves: its gradcheck is float64's and
-    its torch.compile checks float32's, whatever --lltm-dtype says."""
-    selection = "sequence"
-    if FORCED[route]["float64"] is None:
-        selection += " and not float64"
-    if FORCED[route]["float32"] is None:
-        selection += " and not compile_fullgraph"
-    return selection
+    """FORCED_KIT on the dtypes `route` serves: its gradcheck is float64's, whatever --lltm-dtype says."""
+    return FORCED_KIT + (" and not float64" if FORCED[route]["float64"] is None else "")
 
 
 def avx2_fma_kernel() -> bool:
@@ -860,7 +860,7 @@ def test_forced_split_in_subprocess(split, lltm_seed):
     assert len(loops) == 6, probe.stdout  # 3 dtypes, forward and backward
     assert all(r["chosen"] == split and r["source"] == "LLTM_CPU_SPLIT" for r in loops), loops
     kit = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--pyargs", "lltm_core.testing",
-           "--lltm-backend", "cpu", "--lltm-seed", str(lltm_seed), "-k", "sequence", "-rs"]
+           "--lltm-backend", "cpu", "--lltm-seed", str(lltm_seed), "-k", FORCED_KIT, "-rs"]
     run = subprocess.run(kit, env={**os.environ, **env, "OMP_NUM_THREADS": "2"}, capture_output=True, text=True)
     assert run.returncode == 0, f"with LLTM_CPU_SPLIT={split}:\n{run.stdout[-4000:]}{run.stderr[-2000:]}"
     assert " passed" in run.stdout, run.stdout[-2000:]
