@@ -18,6 +18,7 @@ Runs on the emulated build (`nox -s cuda_emulated`); elsewhere it skips, saying 
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -144,46 +145,63 @@ DEFECTS = [
                 r"\{'output'", kit=tuple(GRID_MMA_KIT), env=tuple(GRID.items())),
 ]
 
-# Built as setup.py builds the emulated library: the same stable-ABI flags (its CXX_FLAGS).
+# Built as setup.py builds the emulated library: the same stable-ABI flags (its CXX_FLAGS).  The
+# variants that edit one file are built one after another in one build folder, each edit undone
+# before the next is made: ninja then recompiles only the sources an edit reaches (one of the
+# three, for most), not all three for each variant.
 _BUILD = """
-import sys
+import json, shutil, subprocess, sys
+from pathlib import Path
 from torch.utils import cpp_extension
 sys.path.insert(0, {setup_dir!r})
 from setup import CXX_FLAGS
-name, build_dir, *sources = sys.argv[1:]
-cpp_extension.load(name=name, sources=sources, build_directory=build_dir, is_python_module=False,
-                   extra_cflags=["-O1", "-DLLTM_CUDA_EMULATE", "-Wno-unknown-pragmas", *CXX_FLAGS])
+name, build_dir, csrc, variants = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3]), json.loads(sys.argv[4])
+sources = [str(csrc / "lltm.cpp"), str(csrc / "emulation" / "lltm_sequence.cpp"),
+           str(csrc / "emulation" / "lltm_persistent.cpp")]
+for index, (file, old, new, library) in enumerate(variants):
+    path = csrc / "cuda" / file
+    pristine = path.read_text()
+    path.write_text(pristine.replace(old, new))
+    if index == 0:  # writes build.ninja, then builds
+        cpp_extension.load(name=name, sources=sources, build_directory=str(build_dir), is_python_module=False,
+                           extra_cflags=["-O1", "-DLLTM_CUDA_EMULATE", "-Wno-unknown-pragmas", *CXX_FLAGS])
+    else:
+        subprocess.run(["ninja", "-j1", "-C", str(build_dir)], check=True)
+    shutil.copy(build_dir / (name + ".so"), library)
+    path.write_text(pristine)
 """.format(setup_dir=str(Path(__file__).resolve().parents[1]))
 
 
 @pytest.fixture(scope="module")
 def variants(tmp_path_factory):
-    """{defect name: the built library}, all built at once (each a single compile job)."""
+    """{defect name: the built library}: one build after another for the defects of each file, the
+    files' builds side by side (each a single compile job)."""
     root = tmp_path_factory.mktemp("defects")
-    builds = {}
+    by_file: dict[str, list[Defect]] = {}
     for defect in DEFECTS:
-        tree = root / defect.name / "csrc"
-        shutil.copytree(CSRC, tree)
-        path = tree / "cuda" / defect.file
-        text = path.read_text()
+        text = (CSRC / "cuda" / defect.file).read_text()
         assert text.count(defect.old) == 1, (
             f"{defect.name}: the text to edit is not in csrc/cuda/{defect.file} exactly once; update this "
             f"test to plant the same defect in the sources as they are now")
-        path.write_text(text.replace(defect.old, defect.new))
-        name = "lltm_cuda_defect_" + defect.name.replace("-", "_")
-        build_dir = root / defect.name / "build"
-        build_dir.mkdir()
-        sources = [str(tree / "lltm.cpp"), str(tree / "emulation" / "lltm_sequence.cpp"),
-                   str(tree / "emulation" / "lltm_persistent.cpp")]
-        process = subprocess.Popen([sys.executable, "-c", _BUILD, name, str(build_dir), *sources],
+        by_file.setdefault(defect.file, []).append(defect)
+    builds, libraries = [], {}
+    for file, defects in by_file.items():
+        stem = file.replace(".", "_")
+        shutil.copytree(CSRC, root / stem / "csrc")
+        (root / stem / "build").mkdir()
+        for defect in defects:
+            libraries[defect.name] = root / f"{defect.name}.so"
+        plan = [(d.file, d.old, d.new, str(libraries[d.name])) for d in defects]
+        process = subprocess.Popen([sys.executable, "-c", _BUILD, "lltm_cuda_defect_" + stem.replace("-", "_"),
+                                    str(root / stem / "build"), str(root / stem / "csrc"), json.dumps(plan)],
                                    env={**os.environ, "MAX_JOBS": "1"}, stdout=subprocess.PIPE,
                                    stderr=subprocess.STDOUT, text=True)
-        builds[defect.name] = (process, build_dir / f"{name}.so")
-    libraries = {}
-    for name, (process, library) in builds.items():
+        builds.append((file, process))
+    for file, process in builds:
         log, _ = process.communicate(timeout=900)
-        assert process.returncode == 0 and library.is_file(), f"building the variant {name} failed:\n{log}"
-        libraries[name] = library
+        assert process.returncode == 0, f"building the variants that edit {file} failed:\n{log}"
+    missing = [name for name, library in libraries.items() if not library.is_file()]
+    assert not missing, f"no library was built for {missing}"
     return libraries
 
 
