@@ -21,6 +21,7 @@ import lltm_core
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "deploy"
 TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
+FEATURES = 32  # export_model.INPUT_FEATURES: what its models take
 
 
 def _missing() -> str | None:
@@ -70,36 +71,33 @@ def _check(got, want, dtype, what):
     assert error <= TOLERANCE[dtype], f"{what}: relative error {error:.3g} above {TOLERANCE[dtype]:g}"
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
-def test_layer_package_runs_in_cpp_as_in_eager(runner, tmp_path, dtype):
-    """LLTMLayer (2 layers, bidirectional, batch_first) + Linear: one package, two batch sizes, two lengths."""
+def _export_layer(dtype: torch.dtype, seed: int, folder: Path):
+    """(SequenceClassifier on lltm-cpu in ``dtype``, its package: batch and time dynamic)."""
     export_model = _export_model()
-    torch.manual_seed(1)
+    torch.manual_seed(seed)
     model = export_model.SequenceClassifier(backend="cpu").to(dtype)
     example = torch.randn(3, 9, export_model.INPUT_FEATURES, dtype=dtype)
-    package = export_model.export(model, example, dynamic_time=True, package=tmp_path / "model.pt2")
+    return model, export_model.export(model, example, dynamic_time=True, package=folder / "model.pt2")
+
+
+@pytest.fixture(scope="module")
+def layer_package(runner, tmp_path_factory):
+    """The float32 layer's (model, package), one AOTInductor compile for every test that runs it."""
+    return _export_layer(torch.float32, 1, tmp_path_factory.mktemp("package"))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+def test_layer_package_runs_in_cpp_as_in_eager(runner, layer_package, tmp_path, dtype):
+    """LLTMLayer (2 layers, bidirectional, batch_first) + Linear: one package, two batch sizes, two lengths."""
+    model, package = layer_package if dtype == torch.float32 else _export_layer(dtype, 2, tmp_path)
     in_python = torch._inductor.aoti_load_package(str(package))
     for batch in (2, 7):
         for steps in (5, 13):
-            x = torch.randn(batch, steps, export_model.INPUT_FEATURES, dtype=dtype)
+            x = torch.randn(batch, steps, FEATURES, dtype=dtype)
             with torch.no_grad():
                 want = model.eval()(x)
             _check(_run_in_cpp(runner, package, x, tmp_path), want, dtype, f"C++, B{batch} T{steps}")
             _check(in_python(x), want, dtype, f"aoti_load_package, B{batch} T{steps}")
-
-
-def test_cell_stepped_in_python_runs_in_cpp(runner, tmp_path):
-    """The cell LLTM looped over the steps inside the model: the loop is unrolled, the batch stays dynamic."""
-    export_model = _export_model()
-    torch.manual_seed(2)
-    model = export_model.SteppedCell(backend="cpu")
-    example = torch.randn(3, 6, export_model.INPUT_FEATURES)
-    package = export_model.export(model, example, dynamic_time=False, package=tmp_path / "model.pt2")
-    for batch in (1, 5):
-        x = torch.randn(batch, 6, export_model.INPUT_FEATURES)
-        with torch.no_grad():
-            want = model.eval()(x)
-        _check(_run_in_cpp(runner, package, x, tmp_path), want, torch.float32, f"C++, B{batch}")
 
 
 def test_a_model_exported_on_lltm_ref_needs_no_lltm_library(runner, tmp_path):
@@ -117,14 +115,20 @@ def test_a_model_exported_on_lltm_ref_needs_no_lltm_library(runner, tmp_path):
     _check(_run_in_cpp(runner, Path(package), x, tmp_path, library="-"), want, torch.float32, "C++, lltm-ref")
 
 
-def test_the_example_script_prints_how_to_run_it(tmp_path):
-    if _missing():
-        pytest.skip(_missing())
+def test_the_example_script_prints_how_to_run_it(runner, tmp_path):
+    """The cell model looped over its steps in Python (the loop unrolled, the batch dynamic), exported
+    by the script as examples/deploy/README.md runs it: its package runs in C++ as the script's eager
+    run did, on the script's batch and on one row of it."""
     done = subprocess.run([sys.executable, str(EXAMPLE / "export_model.py"), str(tmp_path), "--model", "cell"],
                           capture_output=True, text=True)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert (tmp_path / "model.pt2").is_file()
+    package = tmp_path / "model.pt2"
+    assert package.is_file()
     assert "lltm_deploy_runner " + lltm_core.get_backend("cpu").operator_library in done.stdout, done.stdout
+    (x,), (want,) = torch.load(tmp_path / "inputs.pt"), torch.load(tmp_path / "expected.pt")
+    assert x.shape[0] > 1, x.shape
+    _check(_run_in_cpp(runner, package, x, tmp_path), want, torch.float32, f"C++, B{x.shape[0]}")
+    _check(_run_in_cpp(runner, package, x[:1].clone(), tmp_path), want[:1], torch.float32, "C++, B1")
 
 
 def test_packed_sequences_say_they_stay_in_python():
@@ -143,16 +147,6 @@ def test_packed_sequences_say_they_stay_in_python():
 # --- what the runner and the export script refuse -------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def layer_package(runner, tmp_path_factory) -> Path:
-    export_model = _export_model()
-    torch.manual_seed(4)
-    model = export_model.SequenceClassifier(backend="cpu")
-    example = torch.randn(3, 9, export_model.INPUT_FEATURES)
-    return export_model.export(model, example, dynamic_time=True,
-                               package=tmp_path_factory.mktemp("package") / "model.pt2")
-
-
 def _run_runner(runner: Path, package: Path, inputs, tmp: Path, *extra, library=None, outputs=None):
     torch.save(inputs, tmp / "inputs.pt")
     library = library or lltm_core.get_backend("cpu").operator_library
@@ -169,9 +163,6 @@ def _assert_refused(done, *fragments):
         assert fragment in done.stderr, message
 
 
-FEATURES = 32  # export_model.INPUT_FEATURES, what layer_package takes
-
-
 @pytest.mark.parametrize("x, fragment", [
     (torch.randn(2, 5, FEATURES - 1), "shape [2, 5, 31]"),
     (torch.randn(2, 5, FEATURES, dtype=torch.float64), "dtype Double"),
@@ -179,35 +170,35 @@ FEATURES = 32  # export_model.INPUT_FEATURES, what layer_package takes
     (torch.randn(2, FEATURES, 5).transpose(1, 2), "(not contiguous)"),
 ], ids=["features", "dtype", "rank", "strides"])
 def test_runner_refuses_inputs_the_package_was_not_exported_for(runner, layer_package, tmp_path, x, fragment):
-    done = _run_runner(runner, layer_package, [x], tmp_path)
+    done = _run_runner(runner, layer_package[1], [x], tmp_path)
     _assert_refused(done, "the inputs differ from what the package was exported for", fragment)
 
 
 def test_runner_refuses_an_empty_input(runner, layer_package, tmp_path):
-    done = _run_runner(runner, layer_package, [torch.randn(2, 0, FEATURES)], tmp_path)  # SIGFPE unchecked
+    done = _run_runner(runner, layer_package[1], [torch.randn(2, 0, FEATURES)], tmp_path)  # SIGFPE unchecked
     _assert_refused(done, "input 0 is empty", "shape [2, 0, 32]")
 
 
 def test_runner_says_what_inputs_pt_must_hold(runner, layer_package, tmp_path):
-    done = _run_runner(runner, layer_package, {"x": torch.randn(2, 5, FEATURES)}, tmp_path)
+    done = _run_runner(runner, layer_package[1], {"x": torch.randn(2, 5, FEATURES)}, tmp_path)
     _assert_refused(done, "must hold a tensor, or a list or tuple of tensors")
     assert "INTERNAL ASSERT" not in done.stderr
 
 
 def test_runner_fails_on_an_output_path_it_cannot_write(runner, layer_package, tmp_path):
-    done = _run_runner(runner, layer_package, [torch.randn(2, 5, FEATURES)], tmp_path,
+    done = _run_runner(runner, layer_package[1], [torch.randn(2, 5, FEATURES)], tmp_path,
                        outputs=tmp_path / "missing" / "outputs.pt")
     _assert_refused(done, "cannot write", "missing/outputs.pt")
 
 
 def test_runner_refuses_a_bad_repeat_before_running(runner, layer_package, tmp_path):
-    done = _run_runner(runner, layer_package, [torch.randn(2, 5, FEATURES)], tmp_path, "--repeat", "abc")
+    done = _run_runner(runner, layer_package[1], [torch.randn(2, 5, FEATURES)], tmp_path, "--repeat", "abc")
     assert done.returncode == 2 and "--repeat takes a whole number of runs >= 1, got 'abc'" in done.stderr, done.stderr
     assert "ran " not in done.stdout and not (tmp_path / "outputs.pt").exists()
 
 
 def test_runner_without_the_operator_library_says_so_without_a_backtrace(runner, layer_package, tmp_path):
-    done = _run_runner(runner, layer_package, [torch.randn(2, 5, FEATURES)], tmp_path, library="-")
+    done = _run_runner(runner, layer_package[1], [torch.randn(2, 5, FEATURES)], tmp_path, library="-")
     _assert_refused(done, "Could not find schema for lltm_cpu::", "python -m lltm_cpu --library")
 
 
