@@ -50,7 +50,7 @@ nox.options.error_on_missing_interpreters = True
 # lltm-triton's test_compiled compiles its 161 kernels, about 2.5 minutes): 40 and 42.5 minutes,
 # 42.5 in all, close to the 45 CI allows; moving whole sessions between lanes evens them no
 # further.  Builds of one distribution stay in one lane.
-LANES = (["cpu", "cross_torch", "wheels", "cpu_sanitized"],
+LANES = (["cpu", "wheels", "cpu_sanitized"],
          ["core", "ref", "cpu_aarch64", "cuda", "cuda_emulated", "triton", "oldest_torch"])
 nox.options.sessions = [name for lane in LANES for name in lane]
 
@@ -190,46 +190,6 @@ def cpu_aarch64(session):
 
 
 @_session
-def cross_torch(session):
-    """lltm-cpu's wheel, built with torch 2.13.0, on torch 2.14.1: its library targets torch's stable
-    ABI (>= 2.10), so pip must leave the user's torch in place, and the kit and the deploy path
-    (tests/test_deploy.py) must pass on it.
-
-    The wheels are built in the nox venv; a second venv (deleted at the end) gets torch 2.14.1
-    first, then lltm-core, lltm-ref and lltm-cpu by name from those wheels, as a user installs them.
-    """
-    session.install(TORCH_CPU, *BUILD_TOOLS, *TEST_TOOLS)
-    with tempfile.TemporaryDirectory() as tmp:
-        wheels = Path(tmp) / "wheels"
-        with _source_tree_build_info_untouched(session):
-            for dist in (".", "./backends/lltm_ref", "./backends/lltm_cpu"):
-                session.run("python", "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "-q",
-                            "-w", str(wheels), dist)
-        session.run("python", "-c", _ASSERT_TORCH_REQUIREMENT, str(wheels))
-        venv = Path(tmp) / "venv"
-        session.run("python", "-m", "venv", str(venv))
-        python = str(venv / "bin" / "python")
-        session.run(python, "-m", "pip", "install", "-q", TORCH_CUDA, "pytest", "numpy", external=True)
-        session.run(python, "-m", "pip", "install", "-q", "--find-links", str(wheels), "lltm-core", "lltm-ref",
-                    "lltm-cpu", external=True)
-        wanted = TORCH_CUDA.split("==")[1]
-        session.run(python, "-c", f"import torch; v = torch.__version__.split('+')[0]; "
-                    f"assert v == {wanted!r}, f'pip replaced torch {wanted} with {{v}}'; print('torch', v)",
-                    external=True)
-        session.run(python, "-m", "pip", "check", external=True)
-        session.run(str(venv / "bin" / "lltm"), "info", external=True)
-        with session.chdir(tmp):
-            session.run(python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--pyargs", "lltm_core.testing",
-                        "--lltm-backend", "cpu", *session.posargs, external=True,
-                        env={"TORCHINDUCTOR_CACHE_DIR": str(Path(tmp) / "torchinductor")})
-            # The deploy path too: the C++ runner built against this torch's libtorch (C++20, and
-            # a CUDA build's CMake package) runs a package of lltm-cpu's operators.
-            session.run(python, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(ROOT / "tests/test_deploy.py"),
-                        *session.posargs, external=True,
-                        env={"TORCHINDUCTOR_CACHE_DIR": str(Path(tmp) / "torchinductor"), "LLTM_REQUIRE_DEPLOY": "1"})
-
-
-@_session
 def oldest_torch(session):
     """Every distribution on the oldest torch it promises, 2.10: the compiled backends built from source
     as a user with that torch builds them, then the kit run there on lltm-ref, on lltm-cpu and on
@@ -361,7 +321,11 @@ def cuda_emulated(session):
 
 @_session
 def wheels(session):
-    """Build every distribution's wheel into wheelhouse/, install them into this venv, test from the install."""
+    """Every distribution's wheel built into wheelhouse/ (with torch 2.13.0), then installed by name, as a
+    user installs them, twice: into this venv, to run tests/installed/ and to uninstall and reinstall a
+    backend; and into a second venv (deleted at the end) that holds torch 2.14.1 first.  lltm-cpu's
+    library targets torch's stable ABI (>= 2.10), so there pip must leave that torch in place, and the
+    kit and the deploy path (tests/test_deploy.py) must pass on it."""
     session.install(TORCH_CPU, *BUILD_TOOLS, *TEST_TOOLS)
     WHEELHOUSE.mkdir(exist_ok=True)
     for old in WHEELHOUSE.glob("lltm_*.whl"):
@@ -369,18 +333,46 @@ def wheels(session):
     with _source_tree_build_info_untouched(session):
         for dist in (".", "./backends/lltm_ref", "./backends/lltm_cpu"):
             session.run("python", "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "-w", str(WHEELHOUSE), dist)
+    session.run("python", "-c", _ASSERT_TORCH_REQUIREMENT, str(WHEELHOUSE))
     # What a user does: names, not paths, resolved from the wheel folder.
     session.install("--no-index", "--find-links", str(WHEELHOUSE), "lltm-core", "lltm-cpu")
     session.run("python", "-m", "pip", "check")
     session.run("lltm", "info")
     session.env["LLTM_TEST_INSTALLED"] = "1"
     _pytest(session, str(ROOT / "tests" / "installed"))
+    del session.env["LLTM_TEST_INSTALLED"]
     # Uninstalling a backend leaves no stale entry point and no warning ...
     session.run("python", "-m", "pip", "uninstall", "-y", "lltm-cpu")
     session.run("python", "-W", "error", "-c", _ASSERT_BACKENDS.format(expect="['ref']"))
     # ... and reinstalling picks it up again.
     session.install("--no-index", "--find-links", str(WHEELHOUSE), "lltm-cpu")
     session.run("python", "-W", "error", "-c", _ASSERT_BACKENDS.format(expect="['cpu', 'ref']"))
+    _wheels_on_a_newer_torch(session, WHEELHOUSE)
+
+
+def _wheels_on_a_newer_torch(session, wheels: Path):
+    """lltm-core, lltm-ref and lltm-cpu by name from ``wheels`` into a fresh venv that holds TORCH_CUDA."""
+    with tempfile.TemporaryDirectory() as tmp:
+        venv = Path(tmp) / "venv"
+        session.run("python", "-m", "venv", str(venv))
+        python = str(venv / "bin" / "python")
+        session.run(python, "-m", "pip", "install", "-q", TORCH_CUDA, "pytest", "numpy", external=True)
+        session.run(python, "-m", "pip", "install", "-q", "--find-links", str(wheels), "lltm-core", "lltm-ref",
+                    "lltm-cpu", external=True)
+        wanted = TORCH_CUDA.split("==")[1]
+        session.run(python, "-c", f"import torch; v = torch.__version__.split('+')[0]; "
+                    f"assert v == {wanted!r}, f'pip replaced torch {wanted} with {{v}}'; print('torch', v)",
+                    external=True)
+        session.run(python, "-m", "pip", "check", external=True)
+        session.run(str(venv / "bin" / "lltm"), "info", external=True)
+        env = {"TORCHINDUCTOR_CACHE_DIR": str(Path(tmp) / "torchinductor")}
+        with session.chdir(tmp):
+            session.run(python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--pyargs", "lltm_core.testing",
+                        "--lltm-backend", "cpu", *session.posargs, external=True, env=env)
+            # The deploy path too: the C++ runner built against this torch's libtorch (C++20, and
+            # a CUDA build's CMake package) runs a package of lltm-cpu's operators.
+            session.run(python, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(ROOT / "tests/test_deploy.py"),
+                        *session.posargs, external=True, env={**env, "LLTM_REQUIRE_DEPLOY": "1"})
 
 
 @_session
