@@ -50,8 +50,8 @@ nox.options.error_on_missing_interpreters = True
 # lltm-triton's test_compiled compiles its 161 kernels, about 2.5 minutes): 40 and 42.5 minutes,
 # 42.5 in all, close to the 45 CI allows; moving whole sessions between lanes evens them no
 # further.  Builds of one distribution stay in one lane.
-LANES = (["cpu", "wheels", "cpu_sanitized"],
-         ["core", "ref", "cpu_aarch64", "cuda", "cuda_emulated", "triton", "oldest_torch"])
+LANES = (["ref", "cpu", "wheels", "cpu_sanitized"],
+         ["core", "cpu_aarch64", "cuda", "cuda_emulated", "triton", "oldest_torch"])
 nox.options.sessions = [name for lane in LANES for name in lane]
 
 
