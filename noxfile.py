@@ -46,10 +46,11 @@ nox.options.error_on_missing_interpreters = True
 # a session is one core's work (pip, a compiler, pytest).  On 2-core Intel Xeons (2026-12): one
 # session after another, 50 minutes (Sapphire Rapids class); in these lanes, 27 and 28 minutes,
 # 28 in all (Ice Lake class); with cpu_sanitized added to the first, 35 in all on a 2-core AMD EPYC
-# Zen 4 (2026-12-07).  On a fresh 2-core AMD EPYC Zen 5 (2026-12-07, Triton's cache empty, so
-# lltm-triton's test_compiled compiles its 161 kernels, about 2.5 minutes): 40 and 42.5 minutes,
-# 42.5 in all, close to the 45 CI allows; moving whole sessions between lanes evens them no
-# further.  Builds of one distribution stay in one lane.
+# Zen 4 (2026-12-07).  On a fresh 2-core AMD EPYC Zen 5 (Triton's cache empty, so lltm-triton's
+# test_compiled compiles its 161 kernels, about 2.5 minutes): 43.5 minutes in all (2026-12-07);
+# 34 (2026-12-08: lanes of 30 and 33 session-minutes) once the oracle ran sequences of one length
+# together, the forced-route kits left torch.compile to the default one, the planted defects built
+# incrementally and one set of wheels served both torches.  Builds of one distribution stay in one lane.
 LANES = (["ref", "cpu", "wheels", "cpu_sanitized"],
          ["core", "cpu_aarch64", "cuda", "cuda_emulated", "triton", "oldest_torch"])
 nox.options.sessions = [name for lane in LANES for name in lane]
