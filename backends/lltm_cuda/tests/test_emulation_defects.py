@@ -192,7 +192,7 @@ def variants(tmp_path_factory):
         for defect in defects:
             libraries[defect.name] = root / f"{defect.name}.so"
         plan = [(d.file, d.old, d.new, str(libraries[d.name])) for d in defects]
-        process = subprocess.Popen([sys.executable, "-c", _BUILD, "lltm_cuda_defect_" + stem.replace("-", "_"),
+        process = subprocess.Popen([sys.executable, "-c", _BUILD, "lltm_cuda_defect_" + stem,
                                     str(root / stem / "build"), str(root / stem / "csrc"), json.dumps(plan)],
                                    env={**os.environ, "MAX_JOBS": "1"}, stdout=subprocess.PIPE,
                                    stderr=subprocess.STDOUT, text=True)
