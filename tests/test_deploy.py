@@ -127,8 +127,10 @@ def test_the_example_script_prints_how_to_run_it(runner, tmp_path):
     assert "lltm_deploy_runner " + lltm_core.get_backend("cpu").operator_library in done.stdout, done.stdout
     (x,), (want,) = torch.load(tmp_path / "inputs.pt"), torch.load(tmp_path / "expected.pt")
     assert x.shape[0] > 1, x.shape
-    _check(_run_in_cpp(runner, package, x, tmp_path), want, torch.float32, f"C++, B{x.shape[0]}")
-    _check(_run_in_cpp(runner, package, x[:1].clone(), tmp_path), want[:1], torch.float32, "C++, B1")
+    runs = tmp_path / "runs"  # _run_in_cpp writes its own inputs.pt: not over the script's
+    runs.mkdir()
+    _check(_run_in_cpp(runner, package, x, runs), want, torch.float32, f"C++, B{x.shape[0]}")
+    _check(_run_in_cpp(runner, package, x[:1].clone(), runs), want[:1], torch.float32, "C++, B1")
 
 
 def test_packed_sequences_say_they_stay_in_python():
